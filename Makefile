@@ -1,0 +1,47 @@
+# README's two commands, `make demo` and `make test`, each set themselves up on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+PIP_INSTALL := $(PIP) install -q --disable-pip-version-check -c constraints.txt
+PLUGINS := safetensors llama mistral qwen gguf bnb
+EDITABLES := -e . $(foreach p,$(PLUGINS),-e plugins/$(p))
+STAMP := $(VENV)/.installed
+
+.PHONY: install test lint typecheck unit demo bench tox clean docs
+
+$(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml) requirements-test.txt constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP_INSTALL) --upgrade pip
+	$(PIP_INSTALL) torch==2.13.0
+	$(PIP_INSTALL) $(EDITABLES) -r requirements-test.txt
+	touch $(STAMP)
+
+install: $(STAMP)  ## venv with the core, every plugin (editable) and the test tools
+
+lint: install
+	$(VENV)/bin/ruff check core plugins tests benchmarks scripts
+
+typecheck: install
+	$(VENV)/bin/mypy core/loader $(foreach p,$(PLUGINS),plugins/$(p)/src/loader_plugin_$(p))
+
+unit: install
+	$(VENV)/bin/pytest -q
+
+test: lint typecheck unit  ## what CI runs
+
+docs: install
+	$(PY) scripts/gen_hook_docs.py --check
+
+demo: install  ## load the real SmolLM2-135M-Instruct GGUF, report, and ask it a question
+	$(PY) scripts/demo.py
+
+bench: install  ## every benchmark; results go to benchmarks/RESULTS.md
+	$(PY) benchmarks/run_all.py
+
+tox: install  ## one isolated env per package
+	$(VENV)/bin/tox -p auto
+
+clean:
+	rm -rf $(VENV) .tox .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,104 @@
+"""The ``loader`` command: parse, dispatch, and turn user errors into one line.
+
+Bad input (any :class:`~loader.errors.LoadError`, or bad arguments) prints one
+``error: ...`` line on stderr and exits with code 2; a traceback is shown only
+with ``--debug``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+__all__ = ["build_parser", "main"]
+
+EXIT_USER_ERROR = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"error: {message} (see '{self.prog} --help')\n")
+        raise SystemExit(EXIT_USER_ERROR)
+
+
+def _add_load_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", help="local folder or file, Hub id (org/name), s3:// prefix, or .gguf file")
+    p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float16, float32 or auto")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    p.add_argument("--format", default="auto", help="auto (default), dummy, or a format plugin's name")
+    p.add_argument("--quantization", default=None, help="quantize while loading with this method")
+    p.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="loader", description="Load LLM checkpoints into ready torch modules.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("plugins", help="list installed plugins, their status and hooks")
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("models", help="list registered architectures and their capabilities")
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("inspect", help="describe a checkpoint without loading it")
+    p.add_argument("source")
+    p.add_argument("--format", default="auto")
+    p.add_argument("--revision", default=None)
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("load", help="load a checkpoint, verify it and report speed and memory")
+    _add_load_args(p)
+    p = sub.add_parser("generate", help="load a checkpoint and generate text greedily")
+    _add_load_args(p)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the checkpoint's chat template")
+    p.add_argument("--system", default=None, help="system message (with --chat)")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    return parser
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "plugins":
+        from .info import run_plugins
+
+        return run_plugins(args)
+    if args.command == "models":
+        from .info import run_models
+
+        return run_models(args)
+    if args.command == "inspect":
+        from .inspect_cmd import run_inspect
+
+        return run_inspect(args)
+    if args.command == "load":
+        from .load_cmd import run_load
+
+        return run_load(args)
+    if args.command == "generate":
+        from .load_cmd import run_generate
+
+        return run_generate(args)
+    raise AssertionError(args.command)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``loader`` console script."""
+    from ..errors import LoadError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except LoadError as exc:
+        if args.debug:
+            raise
+        message = " ".join(str(exc).split())
+        sys.stderr.write(f"error: {message}\n")
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        sys.stderr.write("error: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,189 @@
+"""The contract between the loader core and its plugins.
+
+Every hook a plugin may implement is declared here, in pytest's shape: a
+summary line, whether the call stops at the first non-``None`` result, each
+parameter and the return value. A plugin implements a hook with
+``@loader.hookimpl`` and may accept fewer arguments than the spec lists, so
+specs grow by adding arguments without breaking plugins.
+
+Nothing outside the core calls these hooks directly: :mod:`loader.hooks`
+wraps each one in a typed function that names the plugin when it fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from .checkpoint import Source, TokenizerBundle, WeightFormat
+    from .layers.quantization import QuantizationConfig, QuantizeMethodBase
+    from .options import LoadOptions
+    from .weights import ReadStats, WeightStream
+
+PROJECT_NAME = "loader"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+RegisterArchitecture = Callable[[str, str], None]
+"""``register(architecture, "package.module:Class")``: the callback plugins get."""
+
+
+# --- source resolution -------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def loader_resolve_source(location: str, options: LoadOptions) -> Source | None:
+    """Resolve what the user passed (a path, Hub id, URI) to a :class:`~loader.checkpoint.Source`.
+
+    Stops at the first non-``None`` result. The core answers last for local
+    paths and ``org/name`` Hub ids; a plugin claims schemes such as ``s3://``.
+
+    :param location: the string given to ``load_model``.
+    :param options: the validated load options (revision, requested format).
+    :returns: the resolved source, or ``None`` if this plugin does not handle it.
+    """
+
+
+# --- format detection --------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def loader_detect_format(source: Source, requested: str) -> WeightFormat | None:
+    """Say which weight format a source holds and list its weight files.
+
+    Stops at the first non-``None`` result. With ``requested == "auto"`` a plugin
+    answers if it recognises the files (safetensors before ``.bin``); with a
+    format name it answers only for a name it owns. The core then keeps only
+    files the returned index names and drops training artifacts.
+
+    :param source: the resolved source.
+    :param requested: ``"auto"`` or the ``load_format`` the user asked for.
+    :returns: the format and its files, or ``None``.
+    """
+
+
+@hookspec(firstresult=True)
+def loader_read_config(source: Source, weight_format: WeightFormat) -> Mapping[str, Any] | None:
+    """Return the model configuration as a Hugging Face ``config.json``-shaped mapping.
+
+    Stops at the first non-``None`` result. The core answers last by reading
+    ``config.json``; a format whose files carry their own metadata (GGUF,
+    Mistral's ``params.json``) answers first.
+
+    :param source: the resolved source.
+    :param weight_format: the chosen format.
+    :returns: the configuration (must include ``architectures``), or ``None``.
+    """
+
+
+@hookspec(firstresult=True)
+def loader_load_tokenizer(source: Source, weight_format: WeightFormat) -> TokenizerBundle | None:
+    """Build the checkpoint's tokenizer.
+
+    Stops at the first non-``None`` result. The core answers last from
+    ``tokenizer.json`` and ``tokenizer_config.json``; GGUF builds one from metadata.
+
+    :param source: the resolved source.
+    :param weight_format: the chosen format.
+    :returns: the tokenizer bundle, or ``None``.
+    """
+
+
+# --- weight iteration --------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def loader_iter_weights(
+    source: Source, weight_format: WeightFormat, options: LoadOptions, stats: ReadStats
+) -> WeightStream | None:
+    """Yield the checkpoint's tensors lazily, as ``(name, CheckpointTensor)`` pairs.
+
+    Stops at the first non-``None`` result: the plugin that owns
+    ``weight_format.name`` answers. Handles must not be read before the
+    model's weight loaders narrow them, so a TP rank reads only its own bytes;
+    each read adds to ``stats``. Names are in the Hugging Face convention the
+    model's ``load_weights`` maps from.
+
+    :param source: the resolved source.
+    :param weight_format: the chosen format with the filtered files.
+    :param options: the load options (target dtype and device, TP rank/size).
+    :param stats: counter of bytes read.
+    :returns: an iterator of name/tensor pairs, or ``None`` for a format this plugin does not own.
+    """
+
+
+# --- architecture registration -----------------------------------------------
+
+
+@hookspec
+def loader_register_architectures(register: RegisterArchitecture) -> None:
+    """Register model classes by architecture name.
+
+    Called for every plugin. Call ``register("LlamaForCausalLM",
+    "loader_plugin_llama.model:LlamaForCausalLM")``; the string form is lazy:
+    nothing is imported until the class is used, and capabilities are probed in
+    a child process. A name registered twice is an error naming both plugins.
+
+    :param register: the registration callback.
+    """
+
+
+# --- quantization ------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def loader_detect_quantization(
+    hf_config: Mapping[str, Any], requested: str | None, options: LoadOptions
+) -> QuantizationConfig | None:
+    """Build the quantization config for a load.
+
+    Stops at the first non-``None`` result. A plugin answers when ``requested``
+    names its method (quantize while loading) or when ``requested`` is ``None``
+    and ``hf_config["quantization_config"]`` declares its method (a
+    pre-quantized checkpoint).
+
+    :param hf_config: the model configuration.
+    :param requested: the ``quantization`` argument of ``load_model``, or ``None``.
+    :param options: the load options (``options.extra`` carries method options).
+    :returns: the plugin's quantization config, or ``None``.
+    """
+
+
+@hookspec(firstresult=True)
+def loader_get_quant_method(
+    quant_config: QuantizationConfig, layer: nn.Module, prefix: str
+) -> QuantizeMethodBase | None:
+    """Choose how one layer is quantized: which parameters it creates and how they load.
+
+    Stops at the first non-``None`` result. Called by every quantizable layer
+    while the model is built (on the ``meta`` device). Return ``None`` for
+    configs of other plugins; the layer then stays unquantized.
+
+    :param quant_config: the config from :func:`loader_detect_quantization`.
+    :param layer: the layer being built (a ``LinearBase`` subclass).
+    :param prefix: the layer's dotted name in the model, e.g. ``model.layers.0.mlp.down_proj``.
+    :returns: the layer's quantize method, or ``None``.
+    """
+
+
+@hookspec
+def loader_process_weights_after_loading(
+    model: nn.Module, quant_config: QuantizationConfig | None, target_device: torch.device
+) -> None:
+    """Finish the model after every weight is loaded (repack, permute scales).
+
+    Called for every plugin. The core's own implementation runs each layer's
+    ``quant_method.process_weights_after_loading`` with that layer's parameters
+    temporarily on ``target_device``; plugins add model-wide steps.
+
+    :param model: the loaded model.
+    :param quant_config: the load's quantization config, or ``None``.
+    :param target_device: the device the model is loaded for.
+    """

@@ -1,0 +1,248 @@
+"""``load_model``: the four steps of the seed's DefaultModelLoader, then verification.
+
+1. prepare (:mod:`.prepare`): source, format, files, config;
+2. iterate: the format plugin's lazy ``(name, CheckpointTensor)`` stream;
+3. load: the model's ``load_weights`` routes each tensor to its parameter's
+   ``weight_loader``, which narrows to this rank's shard before reading;
+4. post-process: quantization plugins finish their layouts.
+
+Then every parameter must have been filled, else the load fails. A failed
+load never returns a model: everything built so far is dropped before the
+error propagates.
+"""
+
+from __future__ import annotations
+
+import gc
+import resource
+import sys
+import time
+import traceback
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import attrs
+import torch
+from torch import nn
+
+from .. import distributed, hooks
+from ..context import ModelContext
+from ..errors import ConfigError, LoadError, PluginError, UnsupportedError
+from ..options import LoadOptions, parse_dtype
+from ..plugins import PluginHost, use_plugin_host
+from ..weights import CheckpointTensor, ReadStats
+from .materialize import default_dtype, materialize, parameter_bytes
+from .prepare import PreparedCheckpoint, prepare_checkpoint
+from .verify import check_all_filled, reject_duplicates
+
+__all__ = ["LoadReport", "build_options", "load_model", "load_model_with_report"]
+
+
+@attrs.frozen
+class LoadReport:
+    """What a load did and cost; the CLI and the benchmarks print these figures."""
+
+    source: str
+    load_format: str
+    architecture: str
+    files: tuple[str, ...]
+    dtype: str
+    device: str
+    quantization: dict[str, Any] | None
+    tp_rank: int
+    tp_size: int
+    seconds: float
+    bytes_read: int
+    checkpoint_bytes: int
+    parameter_bytes: int
+    peak_rss_bytes: int
+    tensors: int
+
+    @property
+    def gb_per_second(self) -> float:
+        return self.bytes_read / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        data = attrs.asdict(self)
+        data["gb_per_second"] = round(self.gb_per_second, 3)
+        data["seconds"] = round(self.seconds, 4)
+        return data
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _resolve_dtype(value: Any, hf_config: Mapping[str, Any]) -> torch.dtype:
+    if isinstance(value, str) and value == "auto":
+        declared = hf_config.get("torch_dtype", hf_config.get("dtype"))
+        return parse_dtype(declared) if isinstance(declared, str) else torch.bfloat16
+    return parse_dtype(value)
+
+
+def _resolve_device(value: str | torch.device) -> torch.device:
+    try:
+        device = torch.device(value)
+    except (RuntimeError, TypeError) as exc:
+        raise UnsupportedError(f"device {value!r} is not supported; use 'cpu' or 'cuda[:N]'") from exc
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UnsupportedError(f"device {value!r} asked for, but CUDA is not available")
+        if device.index is None and distributed.tp_size() > 1:
+            import os
+
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", distributed.tp_rank())))
+    elif device.type not in ("cpu", "meta"):
+        raise UnsupportedError(f"device {value!r} is not supported; use 'cpu' or 'cuda[:N]'")
+    return device
+
+
+def build_options(
+    *, dtype: Any = "bfloat16", device: str | torch.device = "cpu", load_format: str = "auto",
+    quantization: str | None = None, revision: str | None = None,
+    quantization_options: Mapping[str, Any] | None = None,
+) -> LoadOptions:
+    """Validate user arguments into :class:`LoadOptions` (dtype ``"auto"`` is resolved later)."""
+    if not isinstance(load_format, str) or not load_format:
+        raise UnsupportedError(f"load_format must be a format name or 'auto', found {load_format!r}")
+    distributed.init_distributed()
+    resolved_device = _resolve_device(device)
+    parsed = parse_dtype(dtype) if not (isinstance(dtype, str) and dtype == "auto") else torch.bfloat16
+    extra: dict[str, Any] = {"dtype_auto": isinstance(dtype, str) and dtype == "auto"}
+    if quantization_options:
+        extra["quantization_options"] = dict(quantization_options)
+    return LoadOptions(
+        dtype=parsed, device=resolved_device, load_format=load_format, quantization=quantization,
+        revision=revision, tp_rank=distributed.tp_rank(), tp_size=distributed.tp_size(), extra=extra,
+    )
+
+
+def _counting(stream: Iterable[tuple[str, CheckpointTensor]], totals: list[int]) -> Iterator[tuple[str, CheckpointTensor]]:
+    for name, tensor in stream:
+        totals[0] += tensor.nbytes
+        totals[1] += 1
+        yield name, tensor
+
+
+def _with_progress(stream: Iterator[tuple[str, CheckpointTensor]], enabled: bool) -> Iterator[tuple[str, CheckpointTensor]]:
+    if not enabled:
+        return stream
+    from tqdm import tqdm
+
+    return iter(tqdm(stream, desc="loading", unit="tensor", leave=False, file=sys.stderr))
+
+
+def _fill_dummy(model: nn.Module) -> set[str]:
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    names = set()
+    for name, param in model.named_parameters():
+        values = torch.empty(param.shape, dtype=torch.float32).uniform_(-1e-3, 1e-3, generator=generator)
+        with torch.no_grad():
+            param.data.copy_(values.to(param.dtype) if param.is_floating_point() else values.to(torch.int64))
+        names.add(name)
+    return names
+
+
+def _build(prepared: PreparedCheckpoint, options: LoadOptions, dtype: torch.dtype,
+           host: PluginHost | None) -> tuple[str, nn.Module, Any]:
+    from ..registry import get_registry
+
+    arch, cls = get_registry(host).resolve(prepared.architectures)
+    quant_config = hooks.detect_quantization(prepared.hf_config, options.quantization, options, host)
+    ctx = ModelContext(hf_config=prepared.hf_config, dtype=dtype, quant_config=quant_config,
+                       tp_rank=options.tp_rank, tp_size=options.tp_size)
+    try:
+        with default_dtype(dtype), torch.device("meta"):
+            model = cls(ctx)
+    except LoadError:
+        raise
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{prepared.source.display()}: {arch} cannot be built from this config: {exc}") from exc
+    except Exception as exc:
+        raise PluginError(f"model class for {arch} failed while being built: {type(exc).__name__}: {exc}") from exc
+    return arch, model, quant_config
+
+
+def load_model_with_report(
+    source: str, *, dtype: Any = "bfloat16", device: str | torch.device = "cpu", load_format: str = "auto",
+    quantization: str | None = None, revision: str | None = None,
+    quantization_options: Mapping[str, Any] | None = None, progress: bool = False,
+    host: PluginHost | None = None,
+) -> tuple[nn.Module, LoadReport]:
+    """Load ``source`` and return the model with a :class:`LoadReport`."""
+    start = time.perf_counter()
+    options = build_options(dtype=dtype, device=device, load_format=load_format, quantization=quantization,
+                            revision=revision, quantization_options=quantization_options)
+    if host is not None:
+        with use_plugin_host(host):
+            return _load(source, options, dtype, progress, start, host)
+    return _load(source, options, dtype, progress, start, None)
+
+
+def _load(source: str, options: LoadOptions, dtype_arg: Any, progress: bool, start: float,
+          host: PluginHost | None) -> tuple[nn.Module, LoadReport]:
+    model: nn.Module | None = None
+    try:
+        prepared = prepare_checkpoint(source, options, host)
+        dtype = _resolve_dtype(dtype_arg, prepared.hf_config)
+        options = attrs.evolve(options, dtype=dtype)
+        arch, model, quant_config = _build(prepared, options, dtype, host)
+        materialize(model, options.device)
+        stats = ReadStats()
+        totals = [0, 0]
+        if prepared.weight_format.name == "dummy":
+            loaded = _fill_dummy(model)
+        else:
+            stream = hooks.iter_weights(prepared.source, prepared.weight_format, options, stats, host)
+            stream = _with_progress(_counting(reject_duplicates(stream), totals), progress)
+            with torch.no_grad():
+                loaded = model.load_weights(stream)
+        check_all_filled(model, loaded, prepared.source.display())
+        with torch.no_grad():
+            hooks.process_weights_after_loading(model, quant_config, options.device, host)
+        model.eval()
+        model.requires_grad_(False)
+        report = LoadReport(
+            source=prepared.source.display(), load_format=prepared.weight_format.name, architecture=arch,
+            files=prepared.weight_format.files, dtype=str(dtype).removeprefix("torch."),
+            device=str(options.device), quantization=quant_config.describe() if quant_config else None,
+            tp_rank=options.tp_rank, tp_size=options.tp_size, seconds=time.perf_counter() - start,
+            bytes_read=stats.bytes_read, checkpoint_bytes=totals[0], parameter_bytes=parameter_bytes(model),
+            peak_rss_bytes=_peak_rss_bytes(), tensors=totals[1],
+        )
+        return model, report
+    except BaseException as exc:
+        # Never hand out, or keep alive, a half-loaded model: drop our reference and the
+        # locals of the finished frames the traceback holds (load_weights' ``self``, ...).
+        model = None
+        traceback.clear_frames(exc.__traceback__)
+        gc.collect()
+        raise
+
+
+def load_model(
+    source: str, dtype: Any = "bfloat16", device: str | torch.device = "cpu", load_format: str = "auto",
+    quantization: str | None = None, *, revision: str | None = None,
+    quantization_options: Mapping[str, Any] | None = None, progress: bool = False,
+    host: PluginHost | None = None,
+) -> nn.Module:
+    """Load a checkpoint into a ready ``torch.nn.Module``.
+
+    :param source: a local folder or file, a Hub id (``org/name``), a URI a
+        plugin handles (``s3://...``), or a ``.gguf`` file.
+    :param dtype: ``"bfloat16"`` (default), ``"float16"``, ``"float32"``, or
+        ``"auto"`` for the checkpoint's declared dtype.
+    :param device: ``"cpu"`` or ``"cuda[:N]"``; under ``torchrun`` each rank
+        gets its own shard (and its own GPU).
+    :param load_format: ``"auto"``, ``"dummy"`` (random weights, for benchmarks)
+        or a format plugin's name (``"safetensors"``, ``"pt"``, ``"gguf"``, ...).
+    :param quantization: a quantization plugin's method to quantize while
+        loading (``"bitsandbytes"``), or ``None`` to use what the checkpoint declares.
+    :returns: the model in eval mode; ``model(input_ids)`` gives logits.
+    :raises loader.LoadError: for any problem with the input; nothing half-loaded is returned.
+    """
+    model, _ = load_model_with_report(
+        source, dtype=dtype, device=device, load_format=load_format, quantization=quantization,
+        revision=revision, quantization_options=quantization_options, progress=progress, host=host,
+    )
+    return model

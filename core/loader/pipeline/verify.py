@@ -1,0 +1,34 @@
+"""The pipeline's guards: no tensor twice, no parameter left unfilled."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from torch import nn
+
+from ..errors import CheckpointFormatError, MissingWeightsError
+from ..weights import CheckpointTensor
+
+__all__ = ["check_all_filled", "reject_duplicates"]
+
+_SHOWN = 20
+
+
+def reject_duplicates(stream: Iterable[tuple[str, CheckpointTensor]]) -> Iterator[tuple[str, CheckpointTensor]]:
+    """Pass the stream through, failing if a tensor name comes twice (e.g. in two shards)."""
+    seen: dict[str, str] = {}
+    for name, tensor in stream:
+        if name in seen:
+            raise CheckpointFormatError(
+                f"tensor {name!r} appears twice: in {seen[name]} and in {tensor.file}"
+            )
+        seen[name] = tensor.file
+        yield name, tensor
+
+
+def check_all_filled(model: nn.Module, loaded: set[str], source: str) -> None:
+    """Raise :class:`MissingWeightsError` naming every parameter ``load_weights`` did not fill."""
+    missing = [name for name, _ in model.named_parameters() if name not in loaded]
+    if missing:
+        shown = ", ".join(missing[:_SHOWN]) + (f", ... ({len(missing)} in all)" if len(missing) > _SHOWN else "")
+        raise MissingWeightsError(f"{source}: the checkpoint has no weights for parameter(s) {shown}")

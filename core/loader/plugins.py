@@ -1,0 +1,175 @@
+"""Boot the plugin manager: specs, entry points, allow/deny lists.
+
+One sequence builds a :class:`PluginHost`: a ``pluggy.PluginManager`` for
+project ``"loader"`` with the hook specs, the core's own implementations, then
+every entry point of group ``loader.plugins``. Each entry point is loaded in
+its own ``try`` so one broken plugin is recorded (name, distribution,
+version, error) and the others still work. ``LOADER_PLUGINS`` (comma-separated
+allow-list) and ``LOADER_DISABLE_PLUGINS`` (deny-list) choose which load.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Literal
+
+import attrs
+import pluggy
+
+from . import hookspecs
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "PluginHost",
+    "PluginRecord",
+    "create_plugin_host",
+    "get_plugin_host",
+    "use_plugin_host",
+]
+
+ENTRY_POINT_GROUP = "loader.plugins"
+CORE_PLUGINS = (
+    ("core.sources", "loader.sources.builtin"),
+    ("core.hf_files", "loader.hf_files"),
+    ("core.postprocess", "loader.pipeline.postprocess"),
+)
+
+Status = Literal["loaded", "failed", "blocked"]
+
+
+@attrs.frozen
+class PluginRecord:
+    """One plugin as ``loader plugins`` reports it."""
+
+    name: str
+    distribution: str | None
+    version: str | None
+    status: Status
+    hooks: tuple[str, ...] = ()
+    error: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return attrs.asdict(self)
+
+
+@attrs.define
+class PluginHost:
+    """A plugin manager plus our own table of what was loaded, failed or blocked."""
+
+    pm: pluggy.PluginManager
+    records: dict[str, PluginRecord] = attrs.field(factory=dict)
+
+    def register(self, plugin: object, name: str, *, distribution: str | None = None,
+                 version: str | None = None) -> None:
+        """Register an in-process plugin (tests, embedding applications) under ``name``."""
+        self.pm.register(plugin, name=name)
+        self.records[name] = PluginRecord(
+            name=name, distribution=distribution, version=version, status="loaded",
+            hooks=_hooks_of(self.pm, plugin),
+        )
+
+    def unregister(self, name: str) -> None:
+        self.pm.unregister(name=name)
+        self.records.pop(name, None)
+
+    def plugin_records(self) -> list[PluginRecord]:
+        return sorted(self.records.values(), key=lambda r: r.name)
+
+    def implementers(self, hook_name: str) -> list[tuple[str, pluggy.HookImpl]]:
+        """The plugins implementing a hook, in call order (first called first)."""
+        caller: pluggy.HookCaller = getattr(self.pm.hook, hook_name)
+        impls = caller.get_hookimpls()
+        return [(impl.plugin_name, impl) for impl in reversed(impls)]
+
+
+def _hooks_of(pm: pluggy.PluginManager, plugin: object) -> tuple[str, ...]:
+    callers = pm.get_hookcallers(plugin) or []
+    return tuple(sorted(c.name for c in callers))
+
+
+def _name_list(value: str | None) -> set[str] | None:
+    if value is None:
+        return None
+    return {part.strip() for part in value.split(",") if part.strip()}
+
+
+def create_plugin_host(*, load_entry_points: bool = True,
+                       environ: Mapping[str, str] | None = None) -> PluginHost:
+    """Build a fresh host: specs, core implementations, then installed plugins."""
+    env = os.environ if environ is None else environ
+    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    host = PluginHost(pm=pm)
+    import importlib
+
+    for name, module_name in CORE_PLUGINS:
+        module = importlib.import_module(module_name)
+        host.register(module, name, distribution="loader-core", version=_core_version())
+
+    if load_entry_points:
+        _load_entry_points(host, allow=_name_list(env.get("LOADER_PLUGINS")),
+                           deny=_name_list(env.get("LOADER_DISABLE_PLUGINS")) or set())
+    pm.check_pending()
+    return host
+
+
+def _core_version() -> str | None:
+    try:
+        return importlib.metadata.version("loader-core")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _load_entry_points(host: PluginHost, *, allow: set[str] | None, deny: set[str]) -> None:
+    eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    seen: set[str] = set()
+    for ep in sorted(eps, key=lambda e: e.name):
+        if ep.name in seen:
+            continue
+        seen.add(ep.name)
+        dist = ep.dist.name if ep.dist is not None else None
+        version = ep.dist.version if ep.dist is not None else None
+        if (allow is not None and ep.name not in allow) or ep.name in deny:
+            host.records[ep.name] = PluginRecord(ep.name, dist, version, "blocked")
+            continue
+        try:
+            plugin = ep.load()
+            host.pm.register(plugin, name=ep.name)
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the others
+            host.records[ep.name] = PluginRecord(
+                ep.name, dist, version, "failed", error=f"{type(exc).__name__}: {exc}"
+            )
+            continue
+        host.records[ep.name] = PluginRecord(
+            ep.name, dist, version, "loaded", hooks=_hooks_of(host.pm, plugin)
+        )
+
+
+_host: PluginHost | None = None
+_host_lock = threading.Lock()
+
+
+def get_plugin_host() -> PluginHost:
+    """The process-wide host, built on first use."""
+    global _host
+    with _host_lock:
+        if _host is None:
+            _host = create_plugin_host()
+        return _host
+
+
+@contextmanager
+def use_plugin_host(host: PluginHost) -> Iterator[PluginHost]:
+    """Make ``host`` the process-wide host for the duration (tests use fresh ones)."""
+    global _host
+    with _host_lock:
+        previous, _host = _host, host
+    try:
+        yield host
+    finally:
+        with _host_lock:
+            _host = previous

@@ -1,0 +1,1 @@
+"""Where checkpoints come from: local paths and Hugging Face Hub ids."""

@@ -1,0 +1,250 @@
+"""Checkpoint tensors that can be narrowed before their bytes are read.
+
+A format plugin's iterator yields ``(name, CheckpointTensor)`` pairs rather than
+torch tensors. The parameter's ``weight_loader`` narrows the handle to this
+rank's shard (``narrow`` is free: it only changes the byte ranges to read) and
+then asks it to ``read_into`` the parameter's storage. That is how a TP rank
+reads only its own bytes, and how a fast format writes straight into the
+parameter with no intermediate copy.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import attrs
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "CheckpointTensor",
+    "EagerTensor",
+    "ReadStats",
+    "RowPermutedTensor",
+    "WeightStream",
+    "interleaved_to_half_rotary",
+]
+
+
+@attrs.define
+class ReadStats:
+    """Bytes read from storage during one load; formats add to it as they read.
+
+    Thread-safe, since fast readers read from several threads at once.
+    """
+
+    bytes_read: int = 0
+    tensors_read: int = 0
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, repr=False, eq=False)
+
+    def add(self, nbytes: int, tensors: int = 0) -> None:
+        """Count ``nbytes`` read from storage (and ``tensors`` finished tensors)."""
+        with self._lock:
+            self.bytes_read += nbytes
+            self.tensors_read += tensors
+
+
+class CheckpointTensor(abc.ABC):
+    """One tensor of a checkpoint, not read yet.
+
+    Subclasses implement :attr:`shape`, :attr:`dtype`, :meth:`narrow` and
+    :meth:`read`; fast formats also override :meth:`read_into`. ``name`` and
+    ``file`` are kept for error messages.
+    """
+
+    name: str
+    file: str
+
+    @property
+    @abc.abstractmethod
+    def shape(self) -> tuple[int, ...]:
+        """Logical shape of the values (after any narrowing)."""
+
+    @property
+    @abc.abstractmethod
+    def dtype(self) -> torch.dtype:
+        """The dtype :meth:`read` returns when no dtype is asked for."""
+
+    @abc.abstractmethod
+    def narrow(self, dim: int, start: int, length: int) -> CheckpointTensor:
+        """Return a handle on ``[start, start + length)`` along ``dim``; reads nothing."""
+
+    @abc.abstractmethod
+    def read(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Read the values into a new contiguous CPU tensor (converted to ``dtype``)."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a read costs in storage; formats with packed blocks override it."""
+        import torch
+
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n * torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def describe(self) -> str:
+        """``'name' in file`` — how error messages refer to this tensor."""
+        return f"tensor {self.name!r} in {self.file}"
+
+    def read_into(self, out: torch.Tensor) -> None:
+        """Write the values into ``out`` (same shape, any dtype, any device)."""
+        from .errors import ShapeMismatchError
+
+        if tuple(out.shape) != self.shape:
+            raise ShapeMismatchError(
+                f"{self.describe()}: expected shape {tuple(out.shape)}, found {self.shape}"
+            )
+        values = self.read(out.dtype if out.device.type == "cpu" else None)
+        out.copy_(values)
+
+    def _check_narrow(self, dim: int, start: int, length: int) -> int:
+        from .errors import CheckpointFormatError
+
+        nd = len(self.shape)
+        if not -nd <= dim < nd:
+            raise CheckpointFormatError(f"{self.describe()}: cannot narrow dim {dim} of shape {self.shape}")
+        dim %= nd
+        if start < 0 or length < 0 or start + length > self.shape[dim]:
+            raise CheckpointFormatError(
+                f"{self.describe()}: slice [{start}, {start + length}) is outside dim {dim} "
+                f"of size {self.shape[dim]}"
+            )
+        return dim
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, shape={self.shape}, dtype={self.dtype})"
+
+
+WeightStream = Iterator[tuple[str, CheckpointTensor]]
+"""What a format's iterator yields: checkpoint names with unread tensors."""
+
+
+class EagerTensor(CheckpointTensor):
+    """A tensor already in memory, dressed as a checkpoint tensor.
+
+    Used by formats that can only read whole tensors (pickled ``.bin``) and by
+    tests. ``narrow`` is a view, so nothing is copied until ``read``.
+    """
+
+    def __init__(self, tensor: torch.Tensor, name: str = "<memory>", file: str = "<memory>") -> None:
+        self.tensor = tensor
+        self.name = name
+        self.file = file
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.tensor.shape)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tensor.dtype
+
+    def narrow(self, dim: int, start: int, length: int) -> EagerTensor:
+        dim = self._check_narrow(dim, start, length)
+        return EagerTensor(self.tensor.narrow(dim, start, length), self.name, self.file)
+
+    def read(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        t = self.tensor if dtype is None else self.tensor.to(dtype)
+        if t is self.tensor:
+            t = t.clone()
+        return t.contiguous()
+
+    def read_into(self, out: torch.Tensor) -> None:
+        from .errors import ShapeMismatchError
+
+        if tuple(out.shape) != self.shape:
+            raise ShapeMismatchError(
+                f"{self.describe()}: expected shape {tuple(out.shape)}, found {self.shape}"
+            )
+        out.copy_(self.tensor)
+
+
+class RowPermutedTensor(CheckpointTensor):
+    """``base`` with its rows (dim 0) reordered: row ``i`` is ``base[perm[i]]``.
+
+    Narrowing dim 0 narrows the permutation; a read fetches only the span of
+    base rows the kept permutation touches, so a permutation local to blocks
+    (rotary heads) still lets a TP rank read only its own heads.
+    """
+
+    def __init__(self, base: CheckpointTensor, perm: torch.Tensor) -> None:
+        if perm.ndim != 1:
+            raise ValueError("perm must be one-dimensional")
+        self.base = base
+        self.perm = perm
+        self.name = base.name
+        self.file = base.file
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (int(self.perm.numel()), *self.base.shape[1:])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.base.dtype
+
+    @property
+    def nbytes(self) -> int:
+        if self.perm.numel() == 0:
+            return 0
+        lo, hi = int(self.perm.min()), int(self.perm.max())
+        rows = self.base.shape[0]
+        return self.base.nbytes * (hi - lo + 1) // max(rows, 1)
+
+    def narrow(self, dim: int, start: int, length: int) -> CheckpointTensor:
+        dim = self._check_narrow(dim, start, length)
+        if dim == 0:
+            return RowPermutedTensor(self.base, self.perm.narrow(0, start, length))
+        return RowPermutedTensor(self.base.narrow(dim, start, length), self.perm)
+
+    def read(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        if self.perm.numel() == 0:
+            import torch
+
+            return torch.empty(self.shape, dtype=dtype or self.dtype)
+        lo, hi = int(self.perm.min()), int(self.perm.max())
+        span = self.base.narrow(0, lo, hi - lo + 1).read(dtype)
+        return span.index_select(0, self.perm - lo).contiguous()
+
+
+def interleaved_to_half_rotary(tensor: CheckpointTensor, n_heads: int) -> CheckpointTensor:
+    """Reorder q/k projection rows from the interleaved rotary layout to the half-split one.
+
+    Meta's original checkpoints, Mistral's native ``consolidated`` files and
+    llama.cpp's GGUF store each head's rotary pairs interleaved
+    (``x0, y0, x1, y1, ...``); Hugging Face (and our rotary embedding) expects
+    the two halves split (``x0, x1, ..., y0, y1, ...``). Works on the leading
+    dimension of a weight ``(n_heads * head_dim, in)`` or a bias.
+    """
+    import torch
+
+    rows = tensor.shape[0]
+    if n_heads <= 0 or rows % n_heads or (rows // n_heads) % 2:
+        from .errors import ShapeMismatchError
+
+        raise ShapeMismatchError(
+            f"{tensor.describe()}: {rows} rows cannot be split into {n_heads} rotary heads"
+        )
+    head_dim = rows // n_heads
+    half = head_dim // 2
+    # target row h*hd + j*half + i comes from interleaved row h*hd + 2*i + j
+    h = torch.arange(n_heads).view(n_heads, 1, 1)
+    j = torch.arange(2).view(1, 2, 1)
+    i = torch.arange(half).view(1, 1, half)
+    perm = (h * head_dim + 2 * i + j).reshape(-1)
+    return RowPermutedTensor(tensor, perm)

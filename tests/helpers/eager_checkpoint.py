@@ -1,0 +1,41 @@
+"""A checkpoint folder's tensors as ``(name, EagerTensor)`` pairs, without the pipeline.
+
+Model-plugin tests use it to call ``load_weights`` directly on a model built
+in-process (for instance inside ``loader.distributed.simulated_tp``), so they
+test the name mapping and sharding without depending on a format plugin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from loader.context import ModelContext
+from loader.hf_files import read_json_object
+from loader.weights import EagerTensor
+
+
+def eager_weights(folder: Path) -> Iterator[tuple[str, EagerTensor]]:
+    """Every tensor of every ``*.safetensors`` file in ``folder``, in file then name order."""
+    for file in sorted(folder.glob("*.safetensors")):
+        for name, tensor in sorted(load_file(str(file)).items()):
+            yield name, EagerTensor(tensor, name=name, file=str(file))
+
+
+def build_model(cls: type, folder: Path, dtype: torch.dtype = torch.float32, **overrides: object) -> torch.nn.Module:
+    """``cls`` built on the CPU from ``folder/config.json`` (with ``overrides`` applied), weights unloaded."""
+    config = {**read_json_object(folder / "config.json", "config.json"), **overrides}
+    return cls(ModelContext(hf_config=config, dtype=dtype))
+
+
+def load_eagerly(cls: type, folder: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """``cls`` built from ``folder`` and filled by its own ``load_weights``; every parameter must be filled."""
+    model = build_model(cls, folder, dtype)
+    with torch.no_grad():
+        filled = model.load_weights(eager_weights(folder))
+    missing = {name for name, _ in model.named_parameters()} - filled
+    assert not missing, f"parameters not filled: {sorted(missing)}"
+    return model.eval()
