@@ -29,8 +29,8 @@ WeightLoader = Callable[..., None]
 """``weight_loader(param, checkpoint_tensor, shard_id=None)`` as carried by parameters."""
 
 
-class QuantizationConfig(abc.ABC):
-    """A checkpoint's (or a request's) quantization settings, owned by one plugin."""
+class QuantizationConfig:
+    """A checkpoint's (or a request's) quantization settings, owned by one plugin (subclass it)."""
 
     #: the method name users pass as ``quantization=``; also shown by ``loader inspect``.
     name: ClassVar[str] = ""
@@ -117,6 +117,9 @@ class UnquantizedLinearMethod(LinearMethodBase):
         layer.register_parameter("weight", weight)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        from typing import cast
+
+        import torch
         import torch.nn.functional as F
 
-        return F.linear(x, layer.weight, bias)
+        return F.linear(x, cast(torch.Tensor, layer.weight), bias)

@@ -1,0 +1,156 @@
+"""Tensor-parallel rank, world size and collectives over ``torch.distributed``.
+
+The process group always comes from ``torchrun`` (``RANK``/``WORLD_SIZE``/
+``MASTER_ADDR`` in the environment); loader never builds its own groups. At
+``tp_size() == 1`` every collective is a no-op, so single-process code pays
+nothing.
+
+Tests (and tools that build one rank's shard of a model without launching
+several processes) can pretend to be a given rank with :func:`simulated_tp`:
+layers built inside it size and narrow their parameters for that rank, while
+collectives stay no-ops because no process group exists.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING
+
+from .errors import UnsupportedError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "all_gather",
+    "all_reduce",
+    "divide",
+    "init_distributed",
+    "simulated_tp",
+    "tp_rank",
+    "tp_size",
+]
+
+_SIMULATED: ContextVar[tuple[int, int] | None] = ContextVar("loader_simulated_tp", default=None)
+
+
+def _group_size() -> int:
+    """World size of the real process group (1 when there is none)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_world_size())
+    return 1
+
+
+def init_distributed(device: str | torch.device | None = None) -> None:
+    """Join the process group ``torchrun`` describes, when there is more than one process.
+
+    Idempotent: does nothing when ``WORLD_SIZE`` is unset or 1, or when the
+    group already exists. The backend is NCCL when ``device`` is a CUDA device
+    (and each process then uses ``cuda:LOCAL_RANK``), gloo otherwise.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise UnsupportedError(
+            f"WORLD_SIZE={world} asks for tensor parallelism, but this torch build has no torch.distributed"
+        )
+    if dist.is_initialized():
+        return
+    on_cuda = device is not None and torch.device(device).type == "cuda"
+    if on_cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend="nccl" if on_cuda else "gloo")
+
+
+def tp_rank() -> int:
+    """This process's tensor-parallel rank (0 without a process group)."""
+    simulated = _SIMULATED.get()
+    if simulated is not None:
+        return simulated[0]
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    return 0
+
+
+def tp_size() -> int:
+    """The tensor-parallel world size (1 without a process group)."""
+    simulated = _SIMULATED.get()
+    if simulated is not None:
+        return simulated[1]
+    return _group_size()
+
+
+@contextmanager
+def simulated_tp(rank: int, size: int) -> Iterator[None]:
+    """Make :func:`tp_rank` / :func:`tp_size` answer ``rank`` / ``size`` inside the block.
+
+    Only the answers change: collectives still run over the real group (none
+    in a single process, so they stay no-ops). Layers read rank and size when
+    they are constructed, so build them inside the block.
+    """
+    if size < 1 or not 0 <= rank < size:
+        raise ValueError(f"simulated rank {rank} is outside a tensor parallel group of size {size}")
+    token = _SIMULATED.set((rank, size))
+    try:
+        yield
+    finally:
+        _SIMULATED.reset(token)
+
+
+def _needs_upcast(t: torch.Tensor) -> bool:
+    import torch
+
+    # gloo reduces half-precision tensors slowly or not at all; sum in float32.
+    return t.device.type == "cpu" and t.dtype in (torch.float16, torch.bfloat16)
+
+
+def all_reduce(t: torch.Tensor) -> torch.Tensor:
+    """Sum ``t`` over all ranks (in place when possible) and return the sum."""
+    if _group_size() == 1:
+        return t
+    import torch
+    import torch.distributed as dist
+
+    if _needs_upcast(t):
+        wide = t.to(torch.float32)
+        dist.all_reduce(wide)
+        return wide.to(t.dtype)
+    dist.all_reduce(t)
+    return t
+
+
+def all_gather(t: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Concatenate every rank's ``t`` along ``dim`` in rank order (same shape on every rank)."""
+    world = _group_size()
+    if world == 1:
+        return t
+    import torch
+    import torch.distributed as dist
+
+    src = t.contiguous()
+    parts = [torch.empty_like(src) for _ in range(world)]
+    dist.all_gather(parts, src)
+    return torch.cat(parts, dim=dim)
+
+
+def divide(numerator: int, denominator: int, what: str) -> int:
+    """``numerator // denominator``, or :class:`UnsupportedError` naming ``what`` when it does not divide.
+
+    ``what`` is the config field being split, e.g. ``"num_attention_heads"``.
+    """
+    if denominator <= 0 or numerator % denominator:
+        raise UnsupportedError(
+            f"{what}={numerator} is not divisible by tensor parallel size {denominator}"
+        )
+    return numerator // denominator

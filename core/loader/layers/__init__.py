@@ -1,0 +1,90 @@
+"""TP-aware building blocks shared by model and quantization plugins.
+
+Names are imported on first access (PEP 562), so ``import
+loader.layers.quantization`` from a plugin's light entry-point module does not
+pull in torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .activation import SiluAndMul
+    from .attention import Attention, KVCache
+    from .default_loader import default_weight_loader
+    from .layernorm import RMSNorm
+    from .linear import (
+        ColumnParallelLinear,
+        LinearBase,
+        MergedColumnParallelLinear,
+        QKVParallelLinear,
+        RowParallelLinear,
+    )
+    from .quantization import (
+        LinearMethodBase,
+        QuantizationConfig,
+        QuantizeMethodBase,
+        UnquantizedLinearMethod,
+        WeightLoader,
+    )
+    from .rotary_embedding import RotaryEmbedding, get_rope
+    from .vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+
+__all__ = [
+    "Attention",
+    "ColumnParallelLinear",
+    "KVCache",
+    "LinearBase",
+    "LinearMethodBase",
+    "MergedColumnParallelLinear",
+    "ParallelLMHead",
+    "QKVParallelLinear",
+    "QuantizationConfig",
+    "QuantizeMethodBase",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "RowParallelLinear",
+    "SiluAndMul",
+    "UnquantizedLinearMethod",
+    "VocabParallelEmbedding",
+    "WeightLoader",
+    "default_weight_loader",
+    "get_rope",
+]
+
+_HOME = {
+    "SiluAndMul": "activation",
+    "Attention": "attention",
+    "KVCache": "attention",
+    "default_weight_loader": "default_loader",
+    "RMSNorm": "layernorm",
+    "ColumnParallelLinear": "linear",
+    "LinearBase": "linear",
+    "MergedColumnParallelLinear": "linear",
+    "QKVParallelLinear": "linear",
+    "RowParallelLinear": "linear",
+    "LinearMethodBase": "quantization",
+    "QuantizationConfig": "quantization",
+    "QuantizeMethodBase": "quantization",
+    "UnquantizedLinearMethod": "quantization",
+    "WeightLoader": "quantization",
+    "RotaryEmbedding": "rotary_embedding",
+    "get_rope": "rotary_embedding",
+    "ParallelLMHead": "vocab_embedding",
+    "VocabParallelEmbedding": "vocab_embedding",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,48 @@
+"""RMS normalisation as Llama, Mistral and Qwen use it."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .default_loader import default_weight_loader
+
+__all__ = ["RMSNorm"]
+
+
+class RMSNorm(nn.Module):
+    """``weight * x / sqrt(mean(x^2) + eps)``, normalised in float32 like Hugging Face.
+
+    The normalisation runs in float32 and the result is cast back to the
+    input's dtype *before* the weight multiplies it, which is what
+    ``LlamaRMSNorm`` does; matching that order keeps bf16 logits equal to the
+    reference. ``forward(x, residual)`` first adds the residual and returns
+    ``(normed, x + residual)``, the fused form decoder layers use.
+    """
+
+    def __init__(
+        self, hidden_size: int, eps: float = 1e-6, *, params_dtype: torch.dtype | None = None
+    ) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.eps = eps
+        dtype = params_dtype if params_dtype is not None else torch.get_default_dtype()
+        weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
+        weight.weight_loader = default_weight_loader  # type: ignore[attr-defined]
+        self.weight = weight
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        wide = x.to(torch.float32)
+        variance = wide.pow(2).mean(-1, keepdim=True)
+        return self.weight * (wide * torch.rsqrt(variance + self.eps)).to(x.dtype)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return self._norm(x)
+        summed = x + residual
+        return self._norm(summed), summed
+
+    def extra_repr(self) -> str:
+        return f"{self.hidden_size}, eps={self.eps}"

@@ -1,0 +1,155 @@
+"""Token embedding and LM head split by vocabulary rows over tensor-parallel ranks.
+
+The vocabulary is padded to a multiple of ``padding_size * tp`` so every rank
+holds the same number of rows; rows past the real vocabulary are zero. A rank
+looks up only the ids in its range (others give zero) and an all-reduce sums
+the ranks' answers; the head computes its logits slice and all-gathers them,
+then trims the padding so every rank sees the full, real vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import distributed
+from .default_loader import check_shape
+
+if TYPE_CHECKING:
+    from ..weights import CheckpointTensor
+
+__all__ = ["ParallelLMHead", "VocabParallelEmbedding", "pad_vocab_size"]
+
+
+def pad_vocab_size(vocab_size: int, multiple: int) -> int:
+    """``vocab_size`` rounded up to a multiple of ``multiple``."""
+    return -(-vocab_size // multiple) * multiple
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding table with its (padded) vocabulary rows split evenly over ranks.
+
+    ``vocab_start``/``vocab_end`` are this rank's rows of the padded table;
+    ids outside them look up zeros here and are filled in by their owner's
+    rank through the all-reduce.
+    """
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        *,
+        params_dtype: torch.dtype | None = None,
+        padding_size: int = 64,
+        prefix: str = "",
+    ) -> None:
+        super().__init__()
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.params_dtype = params_dtype if params_dtype is not None else torch.get_default_dtype()
+        self.prefix = prefix
+        self.tp_rank = distributed.tp_rank()
+        self.tp_size = distributed.tp_size()
+        self.num_embeddings_padded = pad_vocab_size(num_embeddings, padding_size * self.tp_size)
+        self.num_embeddings_per_partition = self.num_embeddings_padded // self.tp_size
+        self.vocab_start = self.tp_rank * self.num_embeddings_per_partition
+        self.vocab_end = self.vocab_start + self.num_embeddings_per_partition
+        weight = nn.Parameter(
+            torch.empty(self.num_embeddings_per_partition, embedding_dim, dtype=self.params_dtype),
+            requires_grad=False,
+        )
+        weight.output_dim = 0  # type: ignore[attr-defined]
+        weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+        self.weight = weight
+
+    @property
+    def real_rows(self) -> int:
+        """Rows of this rank's shard that hold real vocabulary (the rest are padding)."""
+        return max(0, min(self.vocab_end, self.num_embeddings) - self.vocab_start)
+
+    def weight_loader(self, param: torch.Tensor, loaded: CheckpointTensor, shard_id: object = None) -> None:
+        """Read this rank's vocabulary rows of ``loaded`` and zero the padding rows."""
+        if shard_id is not None:
+            raise ValueError(f"{type(self).__name__} {self.prefix!r} has no shard {shard_id!r}")
+        output_dim = getattr(param, "output_dim", None)
+        if output_dim is None:  # a per-tensor value some plugin attached
+            check_shape(loaded, param.shape, self.prefix or type(self).__name__)
+            loaded.read_into(param.data)
+            return
+        expected = list(param.shape)
+        expected[output_dim] = self.num_embeddings
+        check_shape(loaded, expected, self.prefix or type(self).__name__)
+        rows = self.real_rows
+        if rows:
+            mine = loaded.narrow(output_dim, self.vocab_start, rows)
+            mine.read_into(param.data.narrow(output_dim, 0, rows))
+        padding = param.shape[output_dim] - rows
+        if padding:
+            param.data.narrow(output_dim, rows, padding).zero_()
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return F.embedding(input_ids, self.weight)
+        outside = (input_ids < self.vocab_start) | (input_ids >= self.vocab_end)
+        local = (input_ids - self.vocab_start).masked_fill(outside, 0)
+        out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0)
+        return distributed.all_reduce(out)
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_embeddings={self.num_embeddings}, embedding_dim={self.embedding_dim}, "
+            f"padded={self.num_embeddings_padded}, rows=[{self.vocab_start}, {self.vocab_end})"
+        )
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """The output projection to vocabulary logits, split like the embedding.
+
+    ``forward(hidden)`` returns float logits over the real vocabulary on every
+    rank. ``tie_weights(embedding)`` shares the embedding's parameter (models
+    with tied embeddings have no ``lm_head.weight`` in the checkpoint).
+    """
+
+    bias: nn.Parameter | None
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        *,
+        bias: bool = False,
+        params_dtype: torch.dtype | None = None,
+        padding_size: int = 64,
+        prefix: str = "",
+    ) -> None:
+        super().__init__(
+            num_embeddings, embedding_dim, params_dtype=params_dtype, padding_size=padding_size, prefix=prefix
+        )
+        if bias:
+            b = nn.Parameter(torch.empty(self.num_embeddings_per_partition, dtype=self.params_dtype),
+                             requires_grad=False)
+            b.output_dim = 0  # type: ignore[attr-defined]
+            b.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+            self.bias = b
+        else:
+            self.register_parameter("bias", None)
+
+    def tie_weights(self, embedding: VocabParallelEmbedding) -> ParallelLMHead:
+        """Use ``embedding``'s weight as this head's weight (same parameter object)."""
+        if (embedding.num_embeddings_padded, embedding.embedding_dim, embedding.tp_rank) != (
+            self.num_embeddings_padded, self.embedding_dim, self.tp_rank
+        ):
+            raise ValueError(
+                f"cannot tie {self.prefix!r} to {embedding.prefix!r}: shards differ "
+                f"({embedding.extra_repr()} vs {self.extra_repr()})"
+            )
+        self.weight = embedding.weight
+        return self
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        logits = F.linear(hidden, self.weight, self.bias)
+        logits = distributed.all_gather(logits, dim=-1)
+        return logits[..., : self.num_embeddings].float()
