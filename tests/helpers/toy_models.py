@@ -21,7 +21,10 @@ from loader.interfaces import SupportsQuantization, SupportsTensorParallel
 class ToyForCausalLM(SupportsTensorParallel, SupportsQuantization):
     is_text_generation_model = True
     tied_embeddings_supported = True
-    packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    packed_modules_mapping = {
+        "qkv_proj": ["q_proj", "k_proj", "v_proj"],
+        "gate_up_proj": ["gate_proj", "up_proj"],
+    }
 
 class PlainModel:
     pass

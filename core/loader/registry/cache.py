@@ -1,0 +1,97 @@
+"""The on-disk cache of probed model info, one small JSON file per key.
+
+Lives under ``platformdirs.user_cache_dir("loader")/model-info`` (the
+``LOADER_CACHE_DIR`` environment variable replaces the base folder). Each
+result is written to a temporary file in the same folder and moved into place
+with ``os.replace``, so a reader sees either no file or a whole one, and two
+processes probing at once both leave a valid file (the last one wins; they
+hold the same answer). A file that cannot be parsed or does not match its key
+is ignored, and the next store rewrites it. The cache is an optimisation: a
+folder that cannot be written only costs a probe next time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import attrs
+
+from .capabilities import ModelInfo, ModelInfoError
+from .entry import RegisteredModel
+
+__all__ = ["CACHE_FORMAT", "ProbeCache", "default_cache_dir"]
+
+CACHE_FORMAT = 1
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+log = logging.getLogger(__name__)
+
+
+def default_cache_dir() -> Path:
+    """``$LOADER_CACHE_DIR/model-info``, else the platform's user cache folder for ``loader``."""
+    base = os.environ.get("LOADER_CACHE_DIR")
+    if not base:
+        import platformdirs
+
+        base = platformdirs.user_cache_dir("loader")
+    return Path(base) / "model-info"
+
+
+@attrs.frozen
+class ProbeCache:
+    """Read and write probe results in ``directory``."""
+
+    directory: Path = attrs.field(factory=default_cache_dir)
+
+    def path_for(self, entry: RegisteredModel, key: str) -> Path:
+        safe = _UNSAFE.sub("_", entry.architecture)[:80]
+        return self.directory / f"{safe}-{key[:40]}.json"
+
+    def load(self, entry: RegisteredModel, key: str) -> ModelInfo | None:
+        """The cached info, or ``None`` if absent, unreadable, corrupt or for another key."""
+        path = self.path_for(entry, key)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None
+        try:
+            data = json.loads(text)
+            if (
+                not isinstance(data, dict)
+                or data.get("format") != CACHE_FORMAT
+                or data.get("key") != key
+                or data.get("class_path") != entry.class_path
+            ):
+                raise ModelInfoError("written for another key or format")
+            info = ModelInfo.from_json(data.get("info"))
+        except (ValueError, TypeError) as exc:  # json.JSONDecodeError and ModelInfoError are ValueErrors
+            log.debug("ignoring corrupt model-info cache file %s: %s", path, exc)
+            return None
+        if info.architecture != entry.architecture:
+            return None
+        return info
+
+    def store(self, entry: RegisteredModel, key: str, info: ModelInfo) -> None:
+        """Write atomically (temporary file, then ``os.replace``); failures are logged, not raised."""
+        path = self.path_for(entry, key)
+        payload = {"format": CACHE_FORMAT, "key": key, "architecture": entry.architecture,
+                   "class_path": entry.class_path, "info": info.to_json()}
+        tmp: str | None = None
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{path.stem}.", suffix=".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(payload, handle, indent=1, sort_keys=True)
+            os.replace(tmp, path)
+            tmp = None
+        except OSError as exc:
+            log.debug("cannot write model-info cache file %s: %s", path, exc)
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
