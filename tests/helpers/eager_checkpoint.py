@@ -25,17 +25,10 @@ def eager_weights(folder: Path) -> Iterator[tuple[str, EagerTensor]]:
             yield name, EagerTensor(tensor, name=name, file=str(file))
 
 
-def build_model(cls: type, folder: Path, dtype: torch.dtype = torch.float32, **overrides: object) -> torch.nn.Module:
-    """``cls`` built on the CPU from ``folder/config.json`` (with ``overrides`` applied), weights unloaded."""
+def build_model(
+    cls: type, folder: Path, dtype: torch.dtype = torch.float32, **overrides: object
+) -> torch.nn.Module:
+    """``cls`` built on the CPU from ``folder/config.json`` (with ``overrides``), weights not loaded."""
     config = {**read_json_object(folder / "config.json", "config.json"), **overrides}
     return cls(ModelContext(hf_config=config, dtype=dtype))
 
-
-def load_eagerly(cls: type, folder: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """``cls`` built from ``folder`` and filled by its own ``load_weights``; every parameter must be filled."""
-    model = build_model(cls, folder, dtype)
-    with torch.no_grad():
-        filled = model.load_weights(eager_weights(folder))
-    missing = {name for name, _ in model.named_parameters()} - filled
-    assert not missing, f"parameters not filled: {sorted(missing)}"
-    return model.eval()

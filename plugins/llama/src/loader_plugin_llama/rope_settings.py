@@ -1,0 +1,96 @@
+"""Rotary embedding settings read from a config, old and new spellings alike.
+
+``transformers`` 4.x writes ``rope_theta`` plus an optional ``rope_scaling``
+object (its kind under ``rope_type`` or, older, ``type``); ``transformers`` 5
+writes one ``rope_parameters`` object holding ``rope_theta`` and the scaling
+keys. Checkpoints of both generations are in the wild, so both are read into
+one :class:`RopeSettings` that the core's ``get_rope`` understands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from loader.errors import ConfigError, UnsupportedError
+
+from .config_fields import ConfigFields
+
+__all__ = ["SUPPORTED_ROPE_TYPES", "RopeSettings", "read_rope_settings"]
+
+#: scaling kinds the core's rotary embedding implements, with the keys each needs.
+SUPPORTED_ROPE_TYPES: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
+
+_INTEGER_KEYS = ("original_max_position_embeddings",)
+
+
+@attrs.frozen
+class RopeSettings:
+    """``theta`` (the base) and the scaling passed to ``get_rope`` (``None`` for plain rotary)."""
+
+    theta: float
+    scaling: Mapping[str, Any] | None = None
+
+    @property
+    def rope_type(self) -> str:
+        return "default" if self.scaling is None else str(self.scaling["rope_type"])
+
+
+def _scaling_kind(fields: ConfigFields, field: str, params: Mapping[str, Any]) -> str:
+    kind = params.get("rope_type", params.get("type", "default"))
+    if not isinstance(kind, str):
+        raise fields.error(f"{field}.rope_type", "a string", kind)
+    if kind not in SUPPORTED_ROPE_TYPES:
+        raise UnsupportedError(
+            f"{fields.what}: config field '{field}.rope_type' is {kind!r}; supported rotary scalings are "
+            + ", ".join(repr(k) for k in SUPPORTED_ROPE_TYPES)
+        )
+    return kind
+
+
+def _scaling_params(fields: ConfigFields, field: str, kind: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"rope_type": kind}
+    for key in SUPPORTED_ROPE_TYPES[kind]:
+        if params.get(key) is None:
+            raise ConfigError(f"{fields.what}: config field '{field}.{key}' is required for "
+                              f"rope_type {kind!r} but missing")
+    for key, value in params.items():
+        if key in ("rope_type", "type", "rope_theta"):
+            continue
+        if key in _INTEGER_KEYS:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise fields.error(f"{field}.{key}", "a positive integer", value)
+        elif key in ("factor", "low_freq_factor", "high_freq_factor") and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+        ):
+            raise fields.error(f"{field}.{key}", "a positive number", value)
+        out[key] = value
+    if kind == "llama3" and not out["high_freq_factor"] > out["low_freq_factor"]:
+        raise fields.error(f"{field}.high_freq_factor",
+                           f"larger than low_freq_factor={out['low_freq_factor']}", out["high_freq_factor"])
+    return out
+
+
+def read_rope_settings(fields: ConfigFields) -> RopeSettings:
+    """Read ``rope_parameters`` (transformers 5) or ``rope_theta`` + ``rope_scaling`` (4.x)."""
+    new_style = fields.mapping("rope_parameters")
+    if new_style is not None:
+        field, params = "rope_parameters", new_style
+        theta_value = params.get("rope_theta", fields.config.get("rope_theta", 10000.0))
+        if isinstance(theta_value, bool) or not isinstance(theta_value, int | float) or not theta_value > 0:
+            raise fields.error("rope_parameters.rope_theta", "a positive number", theta_value)
+        theta = float(theta_value)
+    else:
+        field, params = "rope_scaling", fields.mapping("rope_scaling") or {}
+        theta = fields.number("rope_theta", 10000.0)
+    kind = _scaling_kind(fields, field, params)
+    if kind == "default":
+        return RopeSettings(theta=theta)
+    return RopeSettings(theta=theta, scaling=_scaling_params(fields, field, kind, params))

@@ -1,0 +1,146 @@
+"""From checkpoint names to the decoder's fused parameters: the stacked mapping.
+
+Checkpoints store ``q_proj``/``k_proj``/``v_proj`` and ``gate_proj``/``up_proj``
+separately; the model holds them fused (``qkv_proj``, ``gate_up_proj``) so one
+matmul serves all parts. :func:`load_decoder_weights` renames each tensor,
+hands it to the parameter's ``weight_loader`` with the part's shard id (the
+layer narrows it to this rank's rows before anything is read) and returns the
+parameter names it filled — a fused parameter only once *every* part arrived,
+so a checkpoint missing ``k_proj`` is reported rather than loaded with
+garbage rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+import attrs
+
+from loader.errors import MissingWeightsError, UnexpectedWeightError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from loader.weights import CheckpointTensor
+
+__all__ = [
+    "DECODER_STACKED_PARAMS",
+    "NON_PARAMETER_SUFFIXES",
+    "StackedParam",
+    "load_decoder_weights",
+]
+
+ShardId = int | str
+
+
+@attrs.frozen
+class StackedParam:
+    """Checkpoint module ``part`` lands in fused module ``fused`` as shard ``shard_id``."""
+
+    fused: str
+    part: str
+    shard_id: ShardId
+
+
+DECODER_STACKED_PARAMS: tuple[StackedParam, ...] = (
+    StackedParam("qkv_proj", "q_proj", "q"),
+    StackedParam("qkv_proj", "k_proj", "k"),
+    StackedParam("qkv_proj", "v_proj", "v"),
+    StackedParam("gate_up_proj", "gate_proj", 0),
+    StackedParam("gate_up_proj", "up_proj", 1),
+)
+
+#: tensors some checkpoints carry that are computed, not learned (rotary tables).
+NON_PARAMETER_SUFFIXES: tuple[str, ...] = (
+    "rotary_emb.inv_freq",
+    "rotary_emb.cos_cached",
+    "rotary_emb.sin_cached",
+)
+
+
+def _stacked_target(name: str, stacked: Iterable[StackedParam]) -> tuple[str, ShardId] | None:
+    """``model.layers.0.self_attn.k_proj.weight`` -> (``...qkv_proj.weight``, ``"k"``)."""
+    for entry in stacked:
+        marker = f".{entry.part}."
+        if marker in name:
+            return name.replace(marker, f".{entry.fused}.", 1), entry.shard_id
+    return None
+
+
+def _describe(name: str, tensor: CheckpointTensor) -> str:
+    described = tensor.describe()
+    return described if name in described else f"{described} (as {name!r})"
+
+
+def load_decoder_weights(
+    model: nn.Module,
+    weights: Iterable[tuple[str, CheckpointTensor]],
+    *,
+    stacked: Iterable[StackedParam] = DECODER_STACKED_PARAMS,
+    skip_names: frozenset[str] = frozenset(),
+    aliases: Mapping[str, str] | None = None,
+) -> set[str]:
+    """Load ``weights`` into ``model`` by name; return the parameter names filled.
+
+    :param skip_names: checkpoint names to ignore (``lm_head.weight`` with tied embeddings).
+    :param aliases: names (as in ``named_parameters(remove_duplicate=False)``)
+        that are the same parameter as another; when the target is filled the
+        alias is reported filled too.
+    :raises UnexpectedWeightError: a tensor the model has no parameter for.
+    :raises MissingWeightsError: a fused parameter got some of its parts but not all.
+    """
+    from loader.layers.default_loader import default_weight_loader
+
+    stacked = tuple(stacked)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    parts_expected: dict[str, set[ShardId]] = {}
+    for entry in stacked:
+        parts_expected.setdefault(entry.fused, set()).add(entry.shard_id)
+    parts_seen: dict[str, dict[ShardId, str]] = {}
+    filled: set[str] = set()
+
+    for name, tensor in weights:
+        if name in skip_names or name.endswith(NON_PARAMETER_SUFFIXES):
+            continue
+        target = _stacked_target(name, stacked)
+        if target is not None and target[0] in params:
+            param_name, shard_id = target
+            fused_param = params[param_name]
+            loader = getattr(fused_param, "weight_loader", default_weight_loader)
+            loader(fused_param, tensor, shard_id)
+            parts_seen.setdefault(param_name, {})[shard_id] = name
+            continue
+        param = params.get(name)
+        if param is None:
+            raise UnexpectedWeightError(
+                f"{_describe(name, tensor)}: the {type(model).__name__} model has no parameter for it"
+            )
+        loader = getattr(param, "weight_loader", default_weight_loader)
+        loader(param, tensor)
+        filled.add(name)
+
+    for param_name, seen in parts_seen.items():
+        fused = next(e.fused for e in stacked if f".{e.fused}." in param_name)
+        missing = parts_expected[fused] - set(seen)
+        if missing:
+            example = next(iter(seen.values()))
+            names = sorted(_part_name(example, stacked, sid) for sid in missing)
+            raise MissingWeightsError(
+                f"parameter {param_name!r} is fused from several checkpoint tensors, but "
+                f"{', '.join(repr(n) for n in names)} {'is' if len(names) == 1 else 'are'} missing"
+            )
+        filled.add(param_name)
+
+    for alias, target_name in (aliases or {}).items():
+        if target_name in filled:
+            filled.add(alias)
+    return filled
+
+
+def _part_name(example: str, stacked: Iterable[StackedParam], shard_id: ShardId) -> str:
+    """The checkpoint name of part ``shard_id``, built from the name of a sibling part."""
+    stacked = tuple(stacked)
+    sibling = next(e for e in stacked if f".{e.part}." in example)
+    wanted = next(e for e in stacked if e.fused == sibling.fused and e.shard_id == shard_id)
+    return example.replace(f".{sibling.part}.", f".{wanted.part}.", 1)

@@ -1,0 +1,67 @@
+"""``Qwen2ForCausalLM`` and ``Qwen3ForCausalLM`` on the Llama implementation.
+
+Qwen2 differs from Llama only in its config (q/k/v biases, windows), so it
+only swaps the parser. Qwen3 adds an RMSNorm over each head of q and of k
+before the rotary embedding: :class:`Qwen3Attention` fills Llama's
+``normalize_qk`` hook. Parameter names (``self_attn.q_norm.weight``) match
+Hugging Face's, so the Llama weight loading applies unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from loader.layers.layernorm import RMSNorm
+from loader_plugin_llama.config import LlamaConfig
+from loader_plugin_llama.decoder import LlamaAttention
+from loader_plugin_llama.model import LlamaForCausalLM
+
+from .config import parse_qwen2_config, parse_qwen3_config
+
+if TYPE_CHECKING:
+    from loader.layers.quantization import QuantizationConfig
+
+__all__ = ["Qwen2ForCausalLM", "Qwen3Attention", "Qwen3ForCausalLM"]
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    """Qwen2 / Qwen2.5: QKV bias, tied embeddings when configured, per-layer sliding windows."""
+
+    @classmethod
+    def parse_config(cls, hf_config: Mapping[str, Any]) -> LlamaConfig:
+        return parse_qwen2_config(hf_config)
+
+
+class Qwen3Attention(LlamaAttention):
+    """Llama attention with ``q_norm``/``k_norm``: RMSNorm over ``head_dim``, weights shared by all heads."""
+
+    def __init__(
+        self,
+        config: LlamaConfig,
+        layer_idx: int,
+        *,
+        params_dtype: torch.dtype,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
+        super().__init__(
+            config, layer_idx, params_dtype=params_dtype, quant_config=quant_config, prefix=prefix
+        )
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, params_dtype=params_dtype)
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, params_dtype=params_dtype)
+
+    def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.q_norm(q), self.k_norm(k)  # type: ignore[return-value]
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    """Qwen3 dense: q/k norms, ``head_dim`` from the config, no QKV bias unless ``attention_bias``."""
+
+    attention_class: ClassVar[type[LlamaAttention]] = Qwen3Attention
+
+    @classmethod
+    def parse_config(cls, hf_config: Mapping[str, Any]) -> LlamaConfig:
+        return parse_qwen3_config(hf_config)
