@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 import attrs
 
 if TYPE_CHECKING:
-    import torch
     from torch import nn
 
     from .checkpoint import TokenizerBundle
@@ -63,12 +62,12 @@ def greedy_tokens(model: nn.Module, prompt_ids: Sequence[int], max_new_tokens: i
     """Yield greedily chosen token ids one at a time, reusing the KV cache."""
     import torch
 
-    from .layers.attention import KVCache
+    from .layers.attention import Attention, KVCache
 
     if not prompt_ids:
         raise ValueError("the prompt encodes to no tokens")
     device = next(model.parameters()).device
-    cache = KVCache(len(getattr(model, "layers", ())) or 1) if not hasattr(model, "make_cache") else model.make_cache()
+    cache = KVCache(sum(1 for m in model.modules() if isinstance(m, Attention)))
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
     with torch.inference_mode():
         for _ in range(max_new_tokens):

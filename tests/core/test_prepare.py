@@ -52,7 +52,8 @@ def test_nothing_left_is_an_error(tmp_path: Path) -> None:
 def test_index_naming_a_missing_shard(tmp_path: Path) -> None:
     files = _touch(tmp_path, "model-1.safetensors")
     index = _index(tmp_path, {"a": "model-1.safetensors", "b": "model-2.safetensors"})
-    with pytest.raises(SourceNotFoundError, match="the index names shard\\(s\\) that do not exist: model-2.safetensors"):
+    with pytest.raises(SourceNotFoundError,
+                       match="the index names shard\\(s\\) that do not exist: model-2.safetensors"):
         filter_weight_files(Source("x", tmp_path), WeightFormat("safetensors", tuple(files), index))
 
 
@@ -73,7 +74,8 @@ def test_shard_symlinked_out_of_the_folder(tmp_path: Path) -> None:
     os.symlink(tmp_path / "secret.safetensors", model / "model-1.safetensors")
     index = _index(model, {"a": "model-1.safetensors"})
     with pytest.raises(CheckpointFormatError, match="resolves to .*secret.safetensors, outside the model folder"):
-        filter_weight_files(Source("x", model), WeightFormat("safetensors", (str(model / "model-1.safetensors"),), index))
+        fmt = WeightFormat("safetensors", (str(model / "model-1.safetensors"),), index)
+        filter_weight_files(Source("x", model), fmt)
 
 
 def test_index_without_weight_map(tmp_path: Path) -> None:

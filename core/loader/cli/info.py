@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-import attrs
-
 from .output import print_json, print_table
 
 __all__ = ["run_models", "run_plugins"]
@@ -31,12 +29,17 @@ def run_models(args: argparse.Namespace) -> int:
 
     registry = get_registry()
     entries = registry.entries()
-    infos = registry.model_infos([e.architecture for e in entries])
-    rows = []
+    infos = registry.model_infos_or_errors([e.architecture for e in entries])
+    rows: list[dict[str, object]] = []
     for entry in entries:
         info = infos[entry.architecture]
-        rows.append({"architecture": entry.architecture, "plugin": entry.plugin, "class_path": entry.class_path,
-                     **{k: v for k, v in attrs.asdict(info).items() if k != "architecture"}})
+        row: dict[str, object] = {"architecture": entry.architecture, "plugin": entry.plugin,
+                                  "class_path": entry.class_path}
+        if isinstance(info, Exception):
+            row["error"] = str(info)
+        else:
+            row.update({k: v for k, v in info.to_json().items() if k != "architecture"})
+        rows.append(row)
     if args.json:
         print_json(rows)
         return 0

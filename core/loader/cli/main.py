@@ -55,6 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the checkpoint's chat template")
     p.add_argument("--system", default=None, help="system message (with --chat)")
     p.add_argument("--max-new-tokens", type=int, default=32)
+    p = sub.add_parser("save-sharded", help="write each tensor-parallel rank's state for fast reloads")
+    p.add_argument("source")
+    p.add_argument("out", help="output folder (created; must be empty)")
+    p.add_argument("--tp", type=int, required=True, help="tensor parallel size to cut for")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--format", default="auto")
+    p.add_argument("--revision", default=None)
+    p.add_argument("--max-part-gb", type=float, default=5.0, help="largest part file (GB, default 5)")
+    p.add_argument("--json", action="store_true")
     return parser
 
 
@@ -79,6 +88,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from .load_cmd import run_generate
 
         return run_generate(args)
+    if args.command == "save-sharded":
+        from .save_sharded_cmd import run_save_sharded
+
+        return run_save_sharded(args)
     raise AssertionError(args.command)
 
 

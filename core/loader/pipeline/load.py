@@ -105,8 +105,12 @@ def build_options(
     """Validate user arguments into :class:`LoadOptions` (dtype ``"auto"`` is resolved later)."""
     if not isinstance(load_format, str) or not load_format:
         raise UnsupportedError(f"load_format must be a format name or 'auto', found {load_format!r}")
-    distributed.init_distributed()
-    resolved_device = _resolve_device(device)
+    try:
+        requested_device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise UnsupportedError(f"device {device!r} is not supported; use 'cpu' or 'cuda[:N]'") from exc
+    distributed.init_distributed(requested_device)
+    resolved_device = _resolve_device(requested_device)
     parsed = parse_dtype(dtype) if not (isinstance(dtype, str) and dtype == "auto") else torch.bfloat16
     extra: dict[str, Any] = {"dtype_auto": isinstance(dtype, str) and dtype == "auto"}
     if quantization_options:
@@ -117,14 +121,18 @@ def build_options(
     )
 
 
-def _counting(stream: Iterable[tuple[str, CheckpointTensor]], totals: list[int]) -> Iterator[tuple[str, CheckpointTensor]]:
+def _counting(
+    stream: Iterable[tuple[str, CheckpointTensor]], totals: list[int]
+) -> Iterator[tuple[str, CheckpointTensor]]:
     for name, tensor in stream:
         totals[0] += tensor.nbytes
         totals[1] += 1
         yield name, tensor
 
 
-def _with_progress(stream: Iterator[tuple[str, CheckpointTensor]], enabled: bool) -> Iterator[tuple[str, CheckpointTensor]]:
+def _with_progress(
+    stream: Iterator[tuple[str, CheckpointTensor]], enabled: bool
+) -> Iterator[tuple[str, CheckpointTensor]]:
     if not enabled:
         return stream
     from tqdm import tqdm
@@ -163,6 +171,16 @@ def _build(prepared: PreparedCheckpoint, options: LoadOptions, dtype: torch.dtyp
     return arch, model, quant_config
 
 
+def _load_sharded_state(model: nn.Module, prepared: PreparedCheckpoint, options: LoadOptions, stats: ReadStats,
+                        totals: list[int], progress: bool, host: PluginHost | None) -> set[str]:
+    from ..sharded.direct_load import load_by_name
+
+    as_safetensors = attrs.evolve(prepared.weight_format, name="safetensors")
+    stream = hooks.iter_weights(prepared.source, as_safetensors, options, stats, host)
+    with torch.no_grad():
+        return load_by_name(model, _with_progress(_counting(reject_duplicates(stream), totals), progress))
+
+
 def load_model_with_report(
     source: str, *, dtype: Any = "bfloat16", device: str | torch.device = "cpu", load_format: str = "auto",
     quantization: str | None = None, revision: str | None = None,
@@ -192,14 +210,17 @@ def _load(source: str, options: LoadOptions, dtype_arg: Any, progress: bool, sta
         totals = [0, 0]
         if prepared.weight_format.name == "dummy":
             loaded = _fill_dummy(model)
+        elif prepared.weight_format.name == "sharded_state":
+            loaded = _load_sharded_state(model, prepared, options, stats, totals, progress, host)
         else:
             stream = hooks.iter_weights(prepared.source, prepared.weight_format, options, stats, host)
             stream = _with_progress(_counting(reject_duplicates(stream), totals), progress)
             with torch.no_grad():
-                loaded = model.load_weights(stream)
+                loaded = model.load_weights(stream)  # type: ignore[operator]
         check_all_filled(model, loaded, prepared.source.display())
-        with torch.no_grad():
-            hooks.process_weights_after_loading(model, quant_config, options.device, host)
+        if prepared.weight_format.name != "sharded_state":  # saved after post-processing already
+            with torch.no_grad():
+                hooks.process_weights_after_loading(model, quant_config, options.device, host)
         model.eval()
         model.requires_grad_(False)
         report = LoadReport(

@@ -9,6 +9,7 @@ objects are kept (only ``.data`` changes), so ``weight_loader`` attributes survi
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,7 +38,9 @@ def _tensors(model: nn.Module) -> list[tuple[list[tuple[nn.Module, str]], torch.
     index: dict[int, int] = {}
     found: list[tuple[list[tuple[nn.Module, str]], torch.Tensor, bool]] = []
     for module in model.modules():
-        owned = [(n, p, True) for n, p in module._parameters.items() if p is not None]
+        owned: list[tuple[str, torch.Tensor, bool]] = [
+            (n, p, True) for n, p in module._parameters.items() if p is not None
+        ]
         owned += [(n, b, False) for n, b in module._buffers.items() if b is not None]
         for name, tensor, is_param in owned:
             if id(tensor) in index:
@@ -62,10 +65,8 @@ def parameter_bytes(model: nn.Module) -> int:
 def _cpu_arena(nbytes: int) -> torch.Tensor:
     buffer = mmap.mmap(-1, max(nbytes, 1))
     if hasattr(mmap, "MADV_HUGEPAGE"):
-        try:
+        with contextlib.suppress(OSError):  # kernels without THP
             buffer.madvise(mmap.MADV_HUGEPAGE)
-        except OSError:  # kernels without THP
-            pass
     return torch.frombuffer(buffer, dtype=torch.uint8)  # keeps ``buffer`` alive
 
 

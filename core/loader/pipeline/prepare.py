@@ -116,9 +116,31 @@ def filter_weight_files(source: Source, weight_format: WeightFormat) -> WeightFo
     return attrs.evolve(weight_format, files=tuple(files))
 
 
+def _sharded_state_format(source: Source, options: LoadOptions) -> WeightFormat | None:
+    """This rank's files when the source is a sharded-state folder (asked for, or marked as one)."""
+    from ..sharded.layout import MARKER, rank_files, read_layout
+
+    if options.load_format not in ("auto", "sharded_state") or source.directory is None:
+        return None
+    layout = read_layout(source.directory)
+    if layout is None:
+        if options.load_format == "sharded_state":
+            raise SourceNotFoundError(
+                f"{source.display()}: load_format 'sharded_state' needs a folder written by "
+                f"'loader save-sharded' (no {MARKER})"
+            )
+        return None
+    files = rank_files(source.directory, layout, options.tp_rank, options.tp_size)
+    return WeightFormat(name="sharded_state", files=files)
+
+
 def prepare_checkpoint(location: str, options: LoadOptions, host: PluginHost | None = None) -> PreparedCheckpoint:
     """Resolve, detect, filter and read the config: step 1 of every load."""
     source = hooks.resolve_source(location, options, host)
+    sharded = _sharded_state_format(source, options)
+    if sharded is not None:
+        hf_config = hooks.read_config(source, sharded, host)
+        return PreparedCheckpoint(source=source, weight_format=sharded, hf_config=hf_config)
     if options.load_format == "dummy":
         try:
             weight_format = hooks.detect_format(source, "auto", host)

@@ -1,0 +1,77 @@
+"""Names and the marker file of a sharded-state folder."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ..errors import CheckpointFormatError, UnsupportedError
+
+__all__ = ["MARKER", "ShardedLayout", "part_file_name", "rank_files", "read_layout"]
+
+MARKER = "sharded_state.json"
+_PART = re.compile(r"^model-rank-(\d+)-part-(\d+)\.safetensors$")
+
+
+def part_file_name(rank: int, part: int) -> str:
+    return f"model-rank-{rank}-part-{part}.safetensors"
+
+
+@attrs.frozen
+class ShardedLayout:
+    """What the marker says: the TP size the state was cut for and how it was loaded."""
+
+    tp_size: int
+    dtype: str
+    architecture: str
+    loader_version: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+def read_layout(folder: Path) -> ShardedLayout | None:
+    """The folder's marker, or ``None`` if it is not a sharded-state folder."""
+    path = folder / MARKER
+    if not path.is_file():
+        return None
+    from ..hf_files import read_json_object
+
+    data = read_json_object(path, MARKER)
+    try:
+        return ShardedLayout(tp_size=int(data["tp_size"]), dtype=str(data["dtype"]),
+                             architecture=str(data["architecture"]),
+                             loader_version=data.get("loader_version"))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointFormatError(f"{path}: marker is missing or has a bad field: {exc}") from exc
+
+
+def rank_files(folder: Path, layout: ShardedLayout, rank: int, tp_size: int) -> tuple[str, ...]:
+    """This rank's part files in order; the TP size must be the one the state was saved for."""
+    if tp_size != layout.tp_size:
+        raise UnsupportedError(
+            f"{folder}: sharded state was saved for tensor parallel size {layout.tp_size}, "
+            f"but this load runs with {tp_size}"
+        )
+    parts = []
+    for path in folder.iterdir():
+        match = _PART.match(path.name)
+        if match and int(match.group(1)) == rank:
+            parts.append((int(match.group(2)), str(path)))
+    if not parts:
+        raise CheckpointFormatError(f"{folder}: no model-rank-{rank}-part-*.safetensors files for rank {rank}")
+    parts.sort()
+    expected = list(range(len(parts)))
+    if [p for p, _ in parts] != expected:
+        raise CheckpointFormatError(
+            f"{folder}: rank {rank} has parts {[p for p, _ in parts]}, expected {expected}"
+        )
+    return tuple(f for _, f in parts)
+
+
+def write_marker(folder: Path, layout: ShardedLayout) -> None:
+    (folder / MARKER).write_text(json.dumps(layout.to_json(), indent=2) + "\n")
