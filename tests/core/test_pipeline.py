@@ -157,3 +157,11 @@ def test_failed_load_returns_nothing_and_frees_memory(tmp_path: Path) -> None:
         fake_model.TinyForCausalLM.__init__ = original  # type: ignore[method-assign]
     gc.collect()
     assert created and all(ref() is None for ref in created)
+
+
+def test_absurd_sizes_are_refused_before_allocating(tmp_path: Path) -> None:
+    folder = _checkpoint(tmp_path)
+    (folder / "config.json").write_text(json.dumps(
+        {"architectures": ["TinyForCausalLM"], "vocab_size": 10**9, "hidden_size": 10**5}))
+    with pytest.raises(UnsupportedError, match=r"TinyForCausalLM\): the model needs 800000.00 GB for its parameters on cpu"):
+        loader.load_model(str(folder), dtype="float32", host=_host([]))

@@ -31,6 +31,7 @@ from ..errors import ConfigError, LoadError, PluginError, UnsupportedError
 from ..options import LoadOptions, parse_dtype
 from ..plugins import PluginHost, use_plugin_host
 from ..weights import CheckpointTensor, ReadStats
+from .budget import check_fits
 from .materialize import default_dtype, materialize, parameter_bytes
 from .prepare import PreparedCheckpoint, prepare_checkpoint
 from .verify import check_all_filled, reject_duplicates
@@ -205,6 +206,7 @@ def _load(source: str, options: LoadOptions, dtype_arg: Any, progress: bool, sta
         dtype = _resolve_dtype(dtype_arg, prepared.hf_config)
         options = attrs.evolve(options, dtype=dtype)
         arch, model, quant_config = _build(prepared, options, dtype, host)
+        check_fits(parameter_bytes(model), options.device, f"{prepared.source.display()} ({arch})")
         materialize(model, options.device)
         stats = ReadStats()
         totals = [0, 0]
