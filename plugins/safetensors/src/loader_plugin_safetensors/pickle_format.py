@@ -1,0 +1,127 @@
+"""PyTorch ``.bin`` / ``.pt`` weight files, loaded with the safe unpickler only.
+
+A pickle can run arbitrary code when loaded, so every file goes through
+``torch.load(weights_only=True)``, which rebuilds only tensors and plain
+containers and refuses anything else; a refusal becomes a
+:class:`~loader.errors.CheckpointFormatError` naming the file. Zip-format
+files (every ``torch.save`` since 1.6) are memory-mapped, so a tensor's pages
+are touched only when a weight loader reads its (narrowed) slice; legacy
+files are read whole. Pickled tensors cannot be read by byte range, so they
+are wrapped in :class:`CountedEagerTensor`, which counts the bytes of the view
+each read copies.
+"""
+
+from __future__ import annotations
+
+import pickle
+import zipfile
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from loader.errors import CheckpointFormatError, ShapeMismatchError
+from loader.weights import EagerTensor, ReadStats
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["CountedEagerTensor", "iter_pt_weights", "load_pt_file"]
+
+_BOILERPLATE = ("Weights only load failed", "Please file an issue", "Check the documentation",
+                "In PyTorch 2.6", "Re-running `torch.load`")
+
+
+class CountedEagerTensor(EagerTensor):
+    """An in-memory (or memory-mapped) tensor whose reads add their bytes to a load's stats."""
+
+    def __init__(self, tensor: torch.Tensor, name: str, file: str, stats: ReadStats | None) -> None:
+        super().__init__(tensor, name, file)
+        self.stats = stats
+
+    def narrow(self, dim: int, start: int, length: int) -> CountedEagerTensor:
+        dim = self._check_narrow(dim, start, length)
+        return CountedEagerTensor(self.tensor.narrow(dim, start, length), self.name, self.file, self.stats)
+
+    def _count(self) -> None:
+        if self.stats is not None:
+            self.stats.add(self.tensor.numel() * self.tensor.element_size(), tensors=1)
+
+    def read(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        values = super().read(dtype)
+        self._count()
+        return values
+
+    def read_into(self, out: torch.Tensor) -> None:
+        import torch
+
+        if tuple(out.shape) != self.shape:
+            raise ShapeMismatchError(
+                f"{self.describe()}: expected shape {tuple(out.shape)}, found {self.shape}"
+            )
+        with torch.no_grad():
+            out.detach().copy_(self.tensor)
+        self._count()
+
+
+def _refusal_detail(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines()]
+    kept = [line for line in lines if line and not line.startswith(_BOILERPLATE)]
+    detail = " ".join(kept).replace("WeightsUnpickler error:", "").strip()
+    return detail or type(exc).__name__
+
+
+def load_pt_file(path: str) -> Mapping[str, Any]:
+    """``torch.load`` one file safely (memory-mapped when it is a zip archive).
+
+    :raises CheckpointFormatError: if the file would execute code when unpickled, or is not a checkpoint.
+    """
+    import torch
+
+    try:
+        mappable = zipfile.is_zipfile(path)
+        loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=mappable)
+    except pickle.UnpicklingError as exc:
+        detail = _refusal_detail(exc)
+        if "global" in detail.lower():
+            raise CheckpointFormatError(
+                f"{path}: refused to load this pickle because it would execute code ({detail}); "
+                "only plain tensors are accepted. Convert it to safetensors if you trust its origin"
+            ) from exc
+        raise CheckpointFormatError(
+            f"{path}: not a PyTorch checkpoint the safe unpickler accepts ({detail})"
+        ) from exc
+    except (OSError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckpointFormatError(f"{path}: cannot read as a PyTorch checkpoint: {reason}") from exc
+    if not isinstance(loaded, Mapping):
+        raise CheckpointFormatError(
+            f"{path}: expected a state dict (a mapping of names to tensors), found {type(loaded).__name__}"
+        )
+    return loaded
+
+
+def iter_pt_weights(
+    files: Iterable[str], stats: ReadStats | None = None
+) -> Iterator[tuple[str, CountedEagerTensor]]:
+    """Yield ``(name, CountedEagerTensor)`` for each tensor of each ``.bin``/``.pt`` file.
+
+    A file is loaded when the iterator reaches it and dropped when it moves on.
+    """
+    import torch
+
+    owner: dict[str, str] = {}
+    for path in files:
+        state = load_pt_file(path)
+        for name, value in state.items():
+            if not isinstance(value, torch.Tensor):
+                raise CheckpointFormatError(
+                    f"{path}: entry {name!r} is a {type(value).__name__}, expected a tensor "
+                    "(nested state dicts are not supported)"
+                )
+            first = owner.setdefault(name, path)
+            if first != path:
+                raise CheckpointFormatError(
+                    f"tensor {name!r} appears in two files of one checkpoint: {first} and {path}"
+                )
+        for name, value in state.items():
+            yield name, CountedEagerTensor(value, name, path, stats)
+        del state

@@ -1,0 +1,154 @@
+"""Move a :class:`~.tensor.SafetensorsTensor`'s bytes into a destination tensor.
+
+The paths, fastest first:
+
+- **direct**: ``out`` is a contiguous CPU tensor of the file's dtype, so the
+  bytes are read with ``preadv`` (or gathered from a map, for an inner-dim
+  narrow) straight into ``out``'s memory; no other copy;
+- **through a map**: ``out`` has another dtype or is a strided view; torch
+  converts straight out of a memory map of the span (:mod:`.mapped_copy`);
+  misaligned data falls back to **chunked staging**: chunks of about
+  :data:`STAGING_CHUNK_BYTES` along the outermost dim go through one reused buffer;
+- **chunked to CUDA**: each chunk is read into one of two pinned buffers and
+  copied host-to-device asynchronously; the next chunk is read while the copy
+  runs, and a buffer is reused only after its copy's event has completed. A
+  dtype conversion then happens on the GPU.
+
+CPU destinations are first offered transparent huge pages
+(:mod:`.memory_hints`). Every read adds its bytes to the tensor's
+:class:`~loader.weights.ReadStats`, and a finished tensor one to ``tensors_read``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from .mapped_copy import copy_through_map
+from .memory_hints import advise_huge_pages
+from .parallel_read import read_layout
+from .staging import staging_buffer
+
+if TYPE_CHECKING:
+    from .tensor import SafetensorsTensor
+
+__all__ = ["STAGING_CHUNK_BYTES", "read_tensor_into"]
+
+STAGING_CHUNK_BYTES = 32 << 20
+"""Source bytes per chunk when a read goes through a staging buffer."""
+
+
+def read_tensor_into(tensor: SafetensorsTensor, out: torch.Tensor) -> None:
+    """Write ``tensor``'s values into ``out`` (same shape; any dtype; CPU, CUDA or other device)."""
+    dest = out.detach()
+    if tensor.numel() == 0:
+        _count(tensor, 0, tensors=1)
+        return
+    if dest.device.type == "cpu":
+        advise_huge_pages(dest)
+        if dest.dtype == tensor.dtype and dest.is_contiguous():
+            _read_direct(tensor, dest)
+        elif not _read_mapped(tensor, dest):
+            _read_chunked_cpu(tensor, dest)
+    elif dest.device.type == "cuda":
+        _read_chunked_cuda(tensor, dest)
+    else:
+        staged = torch.empty(tensor.shape, dtype=tensor.dtype)
+        _read_direct(tensor, staged)
+        with torch.no_grad():
+            dest.copy_(staged)
+    _count(tensor, 0, tensors=1)
+
+
+def _count(tensor: SafetensorsTensor, nbytes: int, tensors: int = 0) -> None:
+    if tensor.stats is not None and (nbytes or tensors):
+        tensor.stats.add(nbytes, tensors)
+
+
+def _read_raw(tensor: SafetensorsTensor, target: torch.Tensor) -> None:
+    """Read ``tensor``'s view into the contiguous CPU ``target`` (its bytes, whatever its dtype)."""
+    layout = tensor.layout()
+    raw = target.reshape(-1).view(torch.uint8).numpy()
+    with tensor.descriptor.borrow() as fd:
+        read_layout(fd, layout, raw, path=tensor.file, what=f"tensor {tensor.name!r}")
+
+
+def _read_direct(tensor: SafetensorsTensor, dest: torch.Tensor) -> None:
+    _read_raw(tensor, dest)
+    _count(tensor, tensor.nbytes)
+
+
+def _chunks(tensor: SafetensorsTensor) -> tuple[int, list[tuple[int, int]]]:
+    """The dim to split along (the outermost one longer than 1) and its ``(start, length)`` chunks."""
+    shape = tensor.shape
+    dim = next((d for d, size in enumerate(shape) if size != 1), 0)
+    if not shape:
+        return 0, [(0, 1)]
+    inner = tensor.nbytes // shape[dim]
+    step = max(1, STAGING_CHUNK_BYTES // max(inner, 1))
+    return dim, [(start, min(step, shape[dim] - start)) for start in range(0, shape[dim], step)]
+
+
+def _piece(tensor: SafetensorsTensor, dim: int, start: int, length: int) -> SafetensorsTensor:
+    return tensor if not tensor.shape else tensor.narrow(dim, start, length)
+
+
+def _dest_piece(dest: torch.Tensor, dim: int, start: int, length: int) -> torch.Tensor:
+    return dest if dest.ndim == 0 else dest.narrow(dim, start, length)
+
+
+def _read_chunked_cpu(tensor: SafetensorsTensor, dest: torch.Tensor) -> None:
+    """Fallback for misaligned data: read chunks into a reused staging buffer, convert each into ``dest``."""
+    dim, chunks = _chunks(tensor)
+    largest = max(_piece(tensor, dim, s, n).nbytes for s, n in chunks)
+    buffer = staging_buffer(0, largest)
+    with torch.no_grad():
+        for first, length in chunks:
+            piece = _piece(tensor, dim, first, length)
+            staged = buffer[: piece.nbytes].view(tensor.dtype).view(piece.shape)
+            _read_raw(piece, staged)
+            _dest_piece(dest, dim, first, length).copy_(staged)
+            _count(tensor, piece.nbytes)
+
+
+def _read_mapped(tensor: SafetensorsTensor, dest: torch.Tensor) -> bool:
+    with tensor.descriptor.borrow() as fd:
+        done = copy_through_map(fd, tensor, dest)
+    if done:
+        _count(tensor, tensor.nbytes)
+    return done
+
+
+def _read_chunked_cuda(tensor: SafetensorsTensor, dest: torch.Tensor) -> None:
+    dim, chunks = _chunks(tensor)
+    largest = max(_piece(tensor, dim, s, n).nbytes for s, n in chunks)
+    pinned = [staging_buffer(slot, largest, pinned=True) for slot in range(min(2, len(chunks)))]
+    done: list[torch.cuda.Event | None] = [None] * len(pinned)
+    stream = torch.cuda.current_stream(dest.device)
+    try:
+        with torch.no_grad():
+            for index, (first, length) in enumerate(chunks):
+                slot = index % len(pinned)
+                event = done[slot]
+                if event is not None:
+                    event.synchronize()  # the copy that last read this pinned buffer has finished
+                piece = _piece(tensor, dim, first, length)
+                host = pinned[slot][: piece.nbytes].view(tensor.dtype).view(piece.shape)
+                _read_raw(piece, host)
+                _count(tensor, piece.nbytes)
+                target = _dest_piece(dest, dim, first, length)
+                if target.dtype == tensor.dtype and target.is_contiguous():
+                    target.copy_(host, non_blocking=True)
+                else:  # copy the file's dtype over, convert on the GPU (same stream, so ordered)
+                    on_device = torch.empty(piece.shape, dtype=tensor.dtype, device=dest.device)
+                    on_device.copy_(host, non_blocking=True)
+                    target.copy_(on_device)
+                copied = torch.cuda.Event()
+                copied.record(stream)
+                done[slot] = copied
+    finally:
+        # the pinned buffers are reused by the next read: let every copy out of them finish
+        for event in done:
+            if event is not None:
+                event.synchronize()
