@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from ..weights import WeightStream
+
 __all__ = [
     "LinearMethodBase",
     "QuantizationConfig",
@@ -42,6 +44,15 @@ class QuantizationConfig:
     def skip(self, prefix: str) -> bool:
         """Whether the layer at ``prefix`` stays unquantized (default: never)."""
         return False
+
+    def wrap_weights(self, weights: WeightStream) -> WeightStream:
+        """Adapt the checkpoint stream before the model's ``load_weights`` sees it (default: unchanged).
+
+        A pre-quantized format whose weights come as several tensors (packed data
+        plus scales) can bundle them into one tensor per weight here, so model
+        plugins route it like a dense weight and need no quantization-specific names.
+        """
+        return weights
 
 
 class QuantizeMethodBase(abc.ABC):

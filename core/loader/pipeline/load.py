@@ -215,8 +215,11 @@ def _load(source: str, options: LoadOptions, dtype_arg: Any, progress: bool, sta
         elif prepared.weight_format.name == "sharded_state":
             loaded = _load_sharded_state(model, prepared, options, stats, totals, progress, host)
         else:
-            stream = hooks.iter_weights(prepared.source, prepared.weight_format, options, stats, host)
-            stream = _with_progress(_counting(reject_duplicates(stream), totals), progress)
+            stream = reject_duplicates(
+                hooks.iter_weights(prepared.source, prepared.weight_format, options, stats, host))
+            if quant_config is not None:
+                stream = quant_config.wrap_weights(stream)
+            stream = _with_progress(_counting(stream, totals), progress)
             with torch.no_grad():
                 loaded = model.load_weights(stream)  # type: ignore[operator]
         check_all_filled(model, loaded, prepared.source.display())

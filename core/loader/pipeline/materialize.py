@@ -52,14 +52,11 @@ def _tensors(model: nn.Module) -> list[tuple[list[tuple[nn.Module, str]], torch.
 
 
 def parameter_bytes(model: nn.Module) -> int:
-    """Bytes held by the model's (deduplicated) parameters."""
-    seen: set[int] = set()
-    total = 0
-    for p in model.parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            total += p.numel() * p.element_size()
-    return total
+    """Bytes held by the model's (deduplicated) parameters and buffers.
+
+    Buffers count because quantized layers keep scales and code tables there.
+    """
+    return sum(t.numel() * t.element_size() for _, t, _ in _tensors(model))
 
 
 def _cpu_arena(nbytes: int) -> torch.Tensor:

@@ -1,0 +1,210 @@
+"""``BitsAndBytesConfig``: what a load quantizes, and how, for both entry paths.
+
+Two ways in, one config:
+
+* in flight — ``load_model(..., quantization="bitsandbytes",
+  quantization_options={...})``; the options arrive as
+  ``LoadOptions.extra["quantization_options"]`` and are checked here;
+* pre-quantized — ``config.json`` carries ``quantization_config`` with
+  ``quant_method: "bitsandbytes"`` as ``transformers`` writes it; the packed
+  tensors' own headers then say the blocksize and quant type of each weight.
+
+Importing this module is light (no torch): the entry point imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+
+from loader.errors import ConfigError, UnsupportedError
+from loader.layers.quantization import QuantizationConfig
+
+from .quant_state import BLOCKSIZES, QUANT_TYPES
+
+if TYPE_CHECKING:
+    from loader.weights import WeightStream
+
+__all__ = [
+    "DEFAULT_SKIP_MODULES",
+    "FUSED_PARTS",
+    "METHOD_NAME",
+    "OPTION_NAMES",
+    "check_compute_dtype",
+    "BitsAndBytesConfig",
+    "config_from_checkpoint",
+    "config_from_options",
+]
+
+METHOD_NAME = "bitsandbytes"
+DEFAULT_SKIP_MODULES = ("lm_head",)
+COMPUTE_DTYPES = ("float32", "float16", "bfloat16")
+OPTION_NAMES = ("quant_type", "blocksize", "double_quant", "compute_dtype", "skip_modules")
+
+FUSED_PARTS: dict[str, tuple[str, ...]] = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}
+"""Fused layer names and the checkpoint modules they are built from (for ``skip``)."""
+
+
+def _matches(prefix: str, module: str) -> bool:
+    """Whether dotted ``module`` names ``prefix`` or one of its parents, by whole components."""
+    return f".{module}." in f".{prefix}."
+
+
+@attrs.frozen
+class BitsAndBytesConfig(QuantizationConfig):
+    """Settings of a bitsandbytes 4-bit load.
+
+    :ivar quant_type: ``"nf4"`` or ``"fp4"``.
+    :ivar blocksize: elements per ``absmax`` block (in flight; a pre-quantized
+        checkpoint's tensors carry their own, 64 when ``transformers`` wrote them).
+    :ivar double_quant: quantize the ``absmax`` vector too (8-bit, blocks of 256).
+    :ivar compute_dtype: dtype of the matmul (``None``: the activations' dtype).
+    :ivar skip_modules: dotted module names kept unquantized.
+    :ivar prequantized: whether the checkpoint already holds packed 4-bit weights.
+    """
+
+    name: ClassVar[str] = METHOD_NAME
+
+    quant_type: str = "nf4"
+    blocksize: int = 64
+    double_quant: bool = False
+    compute_dtype: str | None = None
+    skip_modules: tuple[str, ...] = DEFAULT_SKIP_MODULES
+    prequantized: bool = False
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "method": self.name,
+            "quant_type": self.quant_type,
+            "blocksize": self.blocksize,
+            "double_quant": self.double_quant,
+            "compute_dtype": self.compute_dtype,
+            "skip_modules": list(self.skip_modules),
+            "prequantized": self.prequantized,
+        }
+
+    def skip(self, prefix: str) -> bool:
+        """Whether the layer at ``prefix`` stays unquantized.
+
+        A fused layer (``...qkv_proj``) is skipped when all of its parts are;
+        skipping only some parts cannot be honoured, since the parts share one
+        quantized weight, and is refused.
+        """
+        if any(_matches(prefix, m) for m in self.skip_modules):
+            return True
+        parent, _, leaf = prefix.rpartition(".")
+        parts = FUSED_PARTS.get(leaf)
+        if not parts:
+            return False
+        names = [f"{parent}.{p}" if parent else p for p in parts]
+        skipped = [n for n in names if any(_matches(n, m) for m in self.skip_modules)]
+        if skipped and len(skipped) < len(names):
+            raise UnsupportedError(
+                f"bitsandbytes skip_modules {list(self.skip_modules)} keep {skipped} unquantized, but "
+                f"{prefix} fuses {names} into one weight; skip all of its parts or none"
+            )
+        return bool(skipped)
+
+    def wrap_weights(self, weights: WeightStream) -> WeightStream:
+        """Bundle a pre-quantized checkpoint's side tensors with their packed weights.
+
+        The pipeline passes the format's stream through this before the
+        model's ``load_weights``, so a model sees one ``X.weight`` per
+        quantized weight and never the ``.absmax`` / ``.quant_state`` siblings.
+        """
+        if not self.prequantized:
+            return weights
+        from .grouping import group_packed_weights
+
+        return group_packed_weights(weights)
+
+    @property
+    def torch_compute_dtype(self) -> Any:
+        """``compute_dtype`` as a ``torch.dtype`` (or ``None``)."""
+        if self.compute_dtype is None:
+            return None
+        import torch
+
+        return getattr(torch, self.compute_dtype)
+
+
+def _check_quant_type(value: Any, where: str) -> str:
+    if value not in QUANT_TYPES:
+        raise UnsupportedError(f"{where}: quant type {value!r} is not supported; use 'nf4' or 'fp4'")
+    return str(value)
+
+
+def check_compute_dtype(value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    text = str(value).removeprefix("torch.")
+    aliases = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16",
+               "bf16": "bfloat16"}
+    text = aliases.get(text, text)
+    if text not in COMPUTE_DTYPES:
+        raise UnsupportedError(f"{where}: compute dtype {value!r} is not one of {COMPUTE_DTYPES}")
+    return text
+
+
+def _check_skip_modules(value: Any, where: str) -> tuple[str, ...]:
+    if value is None:
+        return DEFAULT_SKIP_MODULES
+    if isinstance(value, str) or not isinstance(value, Sequence) or not all(
+        isinstance(v, str) and v for v in value
+    ):
+        raise ConfigError(f"{where}: skip modules must be a list of module names, found {value!r}")
+    return tuple(value)
+
+
+def config_from_options(options: Mapping[str, Any] | None) -> BitsAndBytesConfig:
+    """The in-flight config from ``quantization_options``; unknown or bad options are errors."""
+    where = "quantization_options"
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(OPTION_NAMES))
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown bitsandbytes option(s) {unknown}; expected some of {list(OPTION_NAMES)}"
+        )
+    blocksize = options.get("blocksize", 64)
+    if blocksize not in BLOCKSIZES or isinstance(blocksize, bool):
+        raise UnsupportedError(f"{where}: blocksize {blocksize!r} is not one of {BLOCKSIZES}")
+    double_quant = options.get("double_quant", False)
+    if not isinstance(double_quant, bool):
+        raise ConfigError(f"{where}: double_quant must be true or false, found {double_quant!r}")
+    return BitsAndBytesConfig(
+        quant_type=_check_quant_type(options.get("quant_type", "nf4"), where),
+        blocksize=int(blocksize),
+        double_quant=double_quant,
+        compute_dtype=check_compute_dtype(options.get("compute_dtype"), where),
+        skip_modules=_check_skip_modules(options.get("skip_modules"), where),
+    )
+
+
+def config_from_checkpoint(declared: Mapping[str, Any]) -> BitsAndBytesConfig:
+    """The config of a checkpoint whose ``quantization_config`` names bitsandbytes.
+
+    Only 4-bit checkpoints with ``uint8`` storage are supported; an 8-bit
+    (LLM.int8) checkpoint is refused with a message saying so.
+    """
+    where = "config.json quantization_config"
+    if declared.get("load_in_8bit") or declared.get("_load_in_8bit"):
+        raise UnsupportedError(f"{where}: load_in_8bit (LLM.int8) checkpoints are not supported; only 4-bit")
+    if not (declared.get("load_in_4bit") or declared.get("_load_in_4bit")):
+        raise UnsupportedError(f"{where}: expected load_in_4bit: true for a bitsandbytes 4-bit checkpoint")
+    storage = declared.get("bnb_4bit_quant_storage", "uint8")
+    if storage not in (None, "uint8"):
+        raise UnsupportedError(f"{where}: bnb_4bit_quant_storage {storage!r} is not supported; only 'uint8'")
+    double_quant = declared.get("bnb_4bit_use_double_quant", False)
+    return BitsAndBytesConfig(
+        quant_type=_check_quant_type(declared.get("bnb_4bit_quant_type", "fp4"), where),
+        blocksize=64,
+        double_quant=bool(double_quant),
+        compute_dtype=check_compute_dtype(declared.get("bnb_4bit_compute_dtype"), where),
+        skip_modules=_check_skip_modules(declared.get("llm_int8_skip_modules"), where),
+        prequantized=True,
+    )

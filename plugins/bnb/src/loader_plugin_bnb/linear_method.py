@@ -1,0 +1,226 @@
+"""The bitsandbytes quantize method of the parallel linear layers.
+
+Each quantized layer holds, for this rank's shard:
+
+* ``weight`` — the packed 4-bit codes, a ``uint8`` parameter of shape
+  ``(ceil(rows * cols / 2), 1)`` as bitsandbytes lays them out;
+* buffers ``weight_absmax`` (float32 per block, or ``uint8`` codes once
+  double-quantized), ``weight_quant_map`` (the 16-entry code table) and, with
+  double quantization, ``weight_nested_absmax`` / ``weight_nested_quant_map``.
+
+Its ``weight_loader`` takes either a dense checkpoint tensor (quantize while
+loading: narrow to this rank with the layer's own ``shard_slice``, read only
+that slice, quantize it, drop it) or a
+:class:`~loader_plugin_bnb.packed_tensor.Packed4bitTensor` (pre-quantized:
+narrowed by whole blocks and copied, never re-quantized). Only ``weight`` is a
+parameter, so the model's ``load_weights`` and the pipeline's "every parameter
+filled" check see one name per layer, as for a dense model.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+
+from loader.errors import CheckpointFormatError, UnsupportedError
+from loader.layers.quantization import LinearMethodBase, WeightLoader
+
+from .codec import code_table, dequantize_absmax, dequantize_blocks, nest_absmax
+from .config import BitsAndBytesConfig
+from .layer_codes import LayerCodes, ShardId, tensor_of
+from .packed_tensor import BlockAlignmentError, Packed4bitTensor
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from loader.layers.linear import LinearBase
+    from loader.weights import CheckpointTensor
+
+__all__ = ["DUMMY_ABSMAX", "BitsAndBytesLinearMethod"]
+
+DUMMY_ABSMAX = 1e-3
+"""Block scale of layers filled by ``load_format="dummy"`` (the magnitude of its dense dummy weights)."""
+
+
+def _codes(layer: nn.Module) -> LayerCodes:
+    codes = getattr(layer, "bnb_codes", None)
+    if not isinstance(codes, LayerCodes):
+        raise TypeError(f"{type(layer).__name__} was not set up by BitsAndBytesLinearMethod.create_weights")
+    return codes
+
+
+def _shard_ids(layer: nn.Module) -> list[ShardId]:
+    """The parts of a fused layer, in order (the layer's own list)."""
+    return list(cast("LinearBase", layer).shard_ids())
+
+
+class BitsAndBytesLinearMethod(LinearMethodBase):
+    """NF4/FP4 weights for one linear layer: created, loaded, finished and multiplied."""
+
+    def __init__(self, config: BitsAndBytesConfig) -> None:
+        self.config = config
+
+    # -- parameters --------------------------------------------------------------------------------
+
+    def create_weights(
+        self,
+        layer: nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        weight_loader: WeightLoader,
+        **extra: Any,
+    ) -> None:
+        rows, cols = sum(output_partition_sizes), input_size_per_partition
+        codes = LayerCodes(
+            prefix=str(getattr(layer, "prefix", "") or type(layer).__name__), rows=rows, cols=cols,
+            part_rows=list(output_partition_sizes), blocksize=self.config.blocksize,
+            quant_type=self.config.quant_type, weight_dtype=params_dtype,
+            prequantized=self.config.prequantized,
+        )
+        packed = torch.empty((rows * cols + 1) // 2, 1, dtype=torch.uint8)
+        weight = torch.nn.Parameter(packed, requires_grad=False)
+        weight.weight_loader = functools.partial(self.load_weight, cast("LinearBase", layer))  # type: ignore[attr-defined]
+        layer.register_parameter("weight", weight)
+        layer.register_buffer("weight_absmax", torch.empty(codes.blocks, dtype=torch.float32))
+        layer.register_buffer("weight_quant_map", torch.empty(16, dtype=torch.float32))
+        layer.bnb_codes = codes  # type: ignore[assignment]
+
+    # -- loading -----------------------------------------------------------------------------------
+
+    def load_weight(self, layer: LinearBase, param: torch.Tensor, loaded: CheckpointTensor,
+                    shard_id: ShardId = None) -> None:
+        """Land ``loaded`` (part ``shard_id``) in ``layer``'s packed weight, for this rank only."""
+        codes = _codes(layer)
+        if shard_id is None and len(codes.part_rows) > 1:
+            self._load_prefused(layer, param, loaded)
+            return
+        shape = torch.empty(codes.rows, codes.cols, device="meta")
+        shape.output_dim = 0  # type: ignore[attr-defined]
+        shape.input_dim = 1  # type: ignore[attr-defined]
+        if isinstance(loaded, Packed4bitTensor):
+            self._load_packed(layer, shape, loaded, shard_id)
+        else:
+            if codes.prequantized:
+                raise CheckpointFormatError(
+                    f"{loaded.describe()}: {codes.prefix} expects a bitsandbytes 4-bit weight (packed uint8 "
+                    f"with absmax and quant_state) in this pre-quantized checkpoint, found "
+                    f"{str(loaded.dtype).removeprefix('torch.')} of shape {loaded.shape}"
+                )
+            narrowed, offset, _ = layer.shard_slice(shape, loaded, shard_id)
+            codes.place_dense(layer, shard_id, offset, narrowed.read(codes.weight_dtype))
+        codes.mark_loaded(shard_id)
+
+    def _load_packed(self, layer: LinearBase, shape: torch.Tensor, loaded: Packed4bitTensor,
+                     shard_id: ShardId) -> None:
+        codes = _codes(layer)
+        header = loaded.header
+        codes.adopt_header(layer, header.blocksize, header.quant_type, header.torch_dtype, loaded.describe())
+        try:
+            narrowed, offset, size = layer.shard_slice(shape, loaded, shard_id)
+        except BlockAlignmentError as exc:
+            tp = getattr(layer, "tp_size", 1)
+            raise UnsupportedError(
+                f"{loaded.describe()}: cannot split the pre-quantized weight of shape {header.shape} "
+                f"(blocksize {header.blocksize}) over tensor parallel size {tp} for {codes.prefix}: "
+                f"each rank's slice must be whole blocks. {exc}"
+            ) from exc
+        assert isinstance(narrowed, Packed4bitTensor)
+        packed, absmax = narrowed.read_codes()
+        codes.place_codes(layer, offset, size, packed, absmax, loaded.describe())
+
+    def _load_prefused(self, layer: LinearBase, param: torch.Tensor, loaded: CheckpointTensor) -> None:
+        """A checkpoint tensor that already stacks every part: load each part in turn."""
+        shard_ids = _shard_ids(layer)
+        output_part = layer.output_part
+        fulls = [int(output_part(sid).full) for sid in shard_ids]
+        if loaded.ndim != 2 or loaded.shape[0] != sum(fulls):
+            from loader.errors import ShapeMismatchError
+
+            raise ShapeMismatchError(
+                f"{loaded.describe()}: expected {sum(fulls)} rows for the fused {_codes(layer).prefix}, "
+                f"found shape {loaded.shape}"
+            )
+        start = 0
+        for sid, full in zip(shard_ids, fulls, strict=True):
+            self.load_weight(layer, param, loaded.narrow(0, start, full), sid)
+            start += full
+
+    # -- after loading -----------------------------------------------------------------------------
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Check every part arrived, write the code table, double-quantize ``absmax`` if asked.
+
+        A layer none of whose parts went through the weight loader had its
+        packed bytes filled directly (``load_format="dummy"``): its scales are
+        set to a small constant so the random codes give small random weights.
+        """
+        codes = _codes(layer)
+        if codes.finished:
+            return
+        if not codes.loaded:
+            tensor_of(layer, "weight_absmax").fill_(DUMMY_ABSMAX)
+        else:
+            shard_ids: list[ShardId] = _shard_ids(layer) if len(codes.part_rows) > 1 else [None]
+            codes.check_complete(shard_ids)
+        quant_map = tensor_of(layer, "weight_quant_map")
+        quant_map.copy_(code_table(codes.quant_type, quant_map.device))
+        if self.config.double_quant and not codes.prequantized:
+            nested = nest_absmax(tensor_of(layer, "weight_absmax"))
+            layer.weight_absmax = nested.codes
+            layer.register_buffer("weight_nested_absmax", nested.scales)
+            layer.register_buffer("weight_nested_quant_map", nested.code)
+            codes.nested_offset = nested.offset
+        codes.finished = True
+
+    # -- forward -----------------------------------------------------------------------------------
+
+    def float_absmax(self, layer: nn.Module) -> torch.Tensor:
+        """The per-block float32 ``absmax`` (dequantized when double-quantized)."""
+        codes = _codes(layer)
+        if codes.nested_offset is None:
+            return tensor_of(layer, "weight_absmax")
+        return dequantize_absmax(tensor_of(layer, "weight_absmax"), tensor_of(layer, "weight_nested_absmax"),
+                                 tensor_of(layer, "weight_nested_quant_map"), codes.nested_offset)
+
+    def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
+        """This rank's weight ``(rows, cols)`` in the dtype it was quantized from."""
+        codes = _codes(layer)
+        return dequantize_blocks(tensor_of(layer, "weight"), self.float_absmax(layer),
+                                 tensor_of(layer, "weight_quant_map"),
+                                 (codes.rows, codes.cols), codes.blocksize, codes.weight_dtype)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        compute = self.config.torch_compute_dtype or x.dtype
+        xc = x.to(compute)
+        bc = None if bias is None else bias.to(compute)
+        if x.device.type == "cuda":
+            from bitsandbytes import matmul_4bit
+
+            out = matmul_4bit(xc, tensor_of(layer, "weight").t(), self.bnb_quant_state(layer), bias=bc)
+        else:
+            out = torch.nn.functional.linear(xc, self.dequantized_weight(layer).to(compute), bc)
+        return out.to(x.dtype)
+
+    def bnb_quant_state(self, layer: nn.Module) -> Any:
+        """A ``bitsandbytes.functional.QuantState`` over the layer's buffers (for its CUDA kernels)."""
+        from bitsandbytes.functional import QuantState
+
+        codes = _codes(layer)
+        state2 = offset = None
+        if codes.nested_offset is not None:
+            state2 = QuantState(absmax=tensor_of(layer, "weight_nested_absmax"),
+                                code=tensor_of(layer, "weight_nested_quant_map"), blocksize=256,
+                                dtype=torch.float32)
+            offset = torch.tensor(codes.nested_offset, dtype=torch.float32,
+                                  device=tensor_of(layer, "weight").device)
+        return QuantState(
+            absmax=tensor_of(layer, "weight_absmax"), shape=torch.Size((codes.rows, codes.cols)),
+            code=tensor_of(layer, "weight_quant_map"),
+            blocksize=codes.blocksize, quant_type=codes.quant_type, dtype=codes.weight_dtype,
+            offset=offset, state2=state2,
+        )

@@ -1,0 +1,49 @@
+"""Entry point of loader-plugin-bnb: hook implementations only, imports kept light.
+
+``quantization="bitsandbytes"`` quantizes a dense checkpoint to NF4/FP4 while
+it loads; a checkpoint whose ``config.json`` declares
+``quantization_config.quant_method == "bitsandbytes"`` loads its packed 4-bit
+weights as they are. Both work under tensor parallelism. torch and
+bitsandbytes are imported only when a hook needs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from loader.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from loader.layers.quantization import QuantizationConfig, QuantizeMethodBase
+    from loader.options import LoadOptions
+
+__all__ = ["loader_detect_quantization", "loader_get_quant_method"]
+
+
+@hookimpl
+def loader_detect_quantization(
+    hf_config: Mapping[str, Any], requested: str | None, options: LoadOptions
+) -> QuantizationConfig | None:
+    from .detection import detect_bitsandbytes
+
+    return detect_bitsandbytes(hf_config, requested, options.extra.get("quantization_options"))
+
+
+@hookimpl
+def loader_get_quant_method(
+    quant_config: QuantizationConfig, layer: nn.Module, prefix: str
+) -> QuantizeMethodBase | None:
+    from .config import BitsAndBytesConfig
+
+    if not isinstance(quant_config, BitsAndBytesConfig):
+        return None
+    from loader.layers.linear import LinearBase
+
+    if not isinstance(layer, LinearBase):
+        return None
+    from .linear_method import BitsAndBytesLinearMethod
+
+    return BitsAndBytesLinearMethod(quant_config)
