@@ -88,6 +88,11 @@ class CheckpointTensor(abc.ABC):
         return n * torch.empty((), dtype=self.dtype).element_size()
 
     @property
+    def stored_type(self) -> str:
+        """How the values are stored (``bfloat16``, ``Q4_K``, ...), for ``loader inspect``."""
+        return str(self.dtype).removeprefix("torch.")
+
+    @property
     def ndim(self) -> int:
         return len(self.shape)
 
@@ -197,6 +202,10 @@ class RowPermutedTensor(CheckpointTensor):
     @property
     def dtype(self) -> torch.dtype:
         return self.base.dtype
+
+    @property
+    def stored_type(self) -> str:
+        return self.base.stored_type
 
     @property
     def nbytes(self) -> int:

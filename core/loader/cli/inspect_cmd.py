@@ -38,10 +38,9 @@ def inspect_source(location: str, load_format: str = "auto", revision: str | Non
     total = 0
     tensors = 0
     for _, tensor in hooks.iter_weights(prepared.source, prepared.weight_format, options, stats):
-        dtype = str(tensor.dtype).removeprefix("torch.")
-        label = getattr(tensor, "storage_type", None) or dtype
-        counts[str(label)] += 1
-        bytes_by_dtype[str(label)] += tensor.nbytes
+        label = tensor.stored_type
+        counts[label] += 1
+        bytes_by_dtype[label] += tensor.nbytes
         total += tensor.nbytes
         tensors += 1
     return {

@@ -1,0 +1,1 @@
+"""loader plugin: llama.cpp GGUF checkpoints for loader"""

@@ -1,0 +1,317 @@
+"""Our own GGUF header reader: metadata, tensor table and where the data starts, validated.
+
+Why not ``gguf.GGUFReader``: it builds a numpy array per metadata element (about two seconds
+for SmolLM2's 49k-token vocabulary, twice our whole load budget), trusts every count in the
+file (a string length of 2**60 or an array of 2**62 elements loops or allocates before it
+fails) and reports malformed files as bare ``ValueError``/``IndexError``. This reader walks
+the header once with ``struct`` over the bytes of the file, checks every count against the
+bytes that are left *before* it loops or allocates, and raises a
+:class:`~loader.errors.LoadError` subclass naming the file (and the key or tensor) for each
+problem. gguf-py still provides the constants (value types, ggml types and block sizes).
+"""
+
+from __future__ import annotations
+
+import functools
+import mmap
+import os
+import struct
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+
+from loader.errors import CheckpointFormatError, UnsupportedError
+
+__all__ = ["GGUF_MAGIC", "SUPPORTED_VERSIONS", "GGUFHeader", "TensorInfo", "read_header", "sniff"]
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)  # v1 counted in 32 bits and is long gone
+FIXED_HEADER = 24  # magic, version, tensor count, kv count
+MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, smallest value
+MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # name length, n_dims, type, offset
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_ARRAY_DEPTH = 4
+DEFAULT_ALIGNMENT = 32
+_U64 = struct.Struct("<Q")
+
+_SCALARS: dict[int, tuple[str, Any]] = {
+    GGUFValueType.UINT8: ("<B", np.uint8), GGUFValueType.INT8: ("<b", np.int8),
+    GGUFValueType.UINT16: ("<H", np.uint16), GGUFValueType.INT16: ("<h", np.int16),
+    GGUFValueType.UINT32: ("<I", np.uint32), GGUFValueType.INT32: ("<i", np.int32),
+    GGUFValueType.FLOAT32: ("<f", np.float32), GGUFValueType.BOOL: ("<?", np.bool_),
+    GGUFValueType.UINT64: ("<Q", np.uint64), GGUFValueType.INT64: ("<q", np.int64),
+    GGUFValueType.FLOAT64: ("<d", np.float64),
+}
+
+
+@attrs.frozen
+class TensorInfo:
+    """One entry of the tensor table. ``shape`` is in torch order (``(out, in)``), the reverse of ggml's."""
+
+    name: str
+    shape: tuple[int, ...]
+    ggml_type: int
+    offset: int  # absolute offset of the first byte in the file
+    nbytes: int
+
+    @property
+    def type_name(self) -> str:
+        try:
+            return GGMLQuantizationType(self.ggml_type).name
+        except ValueError:
+            return f"type {self.ggml_type}"
+
+
+@attrs.frozen
+class GGUFHeader:
+    """Everything in a GGUF file except the tensor data."""
+
+    path: Path
+    version: int
+    metadata: Mapping[str, Any]
+    tensors: tuple[TensorInfo, ...]
+    data_start: int
+    file_size: int
+
+    @property
+    def architecture(self) -> str:
+        arch = self.metadata.get("general.architecture")
+        if not isinstance(arch, str):
+            raise CheckpointFormatError(f"{self.path}: metadata key 'general.architecture' is missing")
+        return arch
+
+    def tensor_names(self) -> frozenset[str]:
+        return frozenset(t.name for t in self.tensors)
+
+
+class _Cursor:
+    """Reads little-endian values from the header bytes, failing with the file's name at the end."""
+
+    def __init__(self, buf: bytes | mmap.mmap, path: Path, size: int) -> None:
+        self.buf = buf
+        self.path = path
+        self.size = size
+        self.pos = 0
+
+    def left(self) -> int:
+        return self.size - self.pos
+
+    def need(self, n: int, what: str) -> None:
+        if n > self.left():
+            raise CheckpointFormatError(
+                f"{self.path}: truncated file: {what} needs {n} bytes at offset {self.pos}, "
+                f"but the file ends {self.left()} bytes later"
+            )
+
+    def unpack(self, fmt: str, width: int, what: str) -> Any:
+        self.need(width, what)
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += width
+        return value
+
+    def string(self, what: str) -> str:
+        length = self.unpack("<Q", 8, f"the length of {what}")
+        if length > self.left():
+            raise CheckpointFormatError(
+                f"{self.path}: truncated or corrupt file: {what} claims a string of {length} bytes at "
+                f"offset {self.pos}, but only {self.left()} bytes are left in the file"
+            )
+        raw = self.buf[self.pos:self.pos + length]
+        self.pos += length
+        try:
+            return bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CheckpointFormatError(f"{self.path}: {what} is not valid UTF-8 ({exc.reason})") from exc
+
+
+def _read_value(cur: _Cursor, vtype: int, key: str, depth: int = 0) -> Any:
+    if vtype in _SCALARS:
+        fmt, np_type = _SCALARS[vtype]
+        width = np.dtype(np_type).itemsize
+        return cur.unpack(fmt, width, f"the value of metadata key {key!r}")
+    if vtype == GGUFValueType.STRING:
+        return cur.string(f"metadata key {key!r}")
+    if vtype == GGUFValueType.ARRAY:
+        if depth >= MAX_ARRAY_DEPTH:
+            raise CheckpointFormatError(f"{cur.path}: metadata key {key!r} nests arrays deeper than "
+                                        f"{MAX_ARRAY_DEPTH} levels")
+        item_type = cur.unpack("<I", 4, f"the item type of metadata key {key!r}")
+        count = cur.unpack("<Q", 8, f"the length of metadata key {key!r}")
+        if item_type in _SCALARS:
+            _, np_type = _SCALARS[item_type]
+            width = np.dtype(np_type).itemsize
+            if count * width > cur.left():
+                raise CheckpointFormatError(
+                    f"{cur.path}: truncated or corrupt file: metadata key {key!r} claims an array of {count} "
+                    f"items ({count * width} bytes), but only {cur.left()} bytes are left in the file"
+                )
+            values = np.frombuffer(cur.buf, dtype=np.dtype(np_type).newbyteorder("<"), count=count,
+                                   offset=cur.pos).copy()
+            cur.pos += count * width
+            return values
+        min_item = 8 if item_type == GGUFValueType.STRING else 12
+        if item_type not in (GGUFValueType.STRING, GGUFValueType.ARRAY):
+            raise CheckpointFormatError(f"{cur.path}: metadata key {key!r} holds an array of unknown "
+                                        f"value type {item_type}")
+        if count * min_item > cur.left():
+            raise CheckpointFormatError(
+                f"{cur.path}: truncated or corrupt file: metadata key {key!r} claims an array of {count} "
+                f"items, but only {cur.left()} bytes are left in the file"
+            )
+        if item_type == GGUFValueType.STRING:
+            return _read_string_array(cur, count, key)
+        return [_read_value(cur, item_type, key, depth + 1) for _ in range(count)]
+    raise CheckpointFormatError(f"{cur.path}: metadata key {key!r} has unknown value type {vtype}")
+
+
+def _read_string_array(cur: _Cursor, count: int, key: str) -> list[str]:
+    """The hot loop of a header (vocabularies, merges): bounds-checked, no per-item calls."""
+    buf, pos, size = cur.buf, cur.pos, cur.size
+    length_of = _U64.unpack_from
+    out: list[str] = []
+    append = out.append
+    try:
+        for _ in range(count):
+            (length,) = length_of(buf, pos)
+            pos += 8
+            end = pos + length
+            if end > size:
+                break
+            append(buf[pos:end].decode("utf-8"))
+            pos = end
+    except struct.error:
+        pass
+    except UnicodeDecodeError as exc:
+        raise CheckpointFormatError(f"{cur.path}: item {len(out)} of metadata key {key!r} is not valid "
+                                    f"UTF-8 ({exc.reason})") from exc
+    if len(out) < count:
+        raise CheckpointFormatError(
+            f"{cur.path}: truncated file: item {len(out)} of the {count} strings of metadata key {key!r} "
+            f"runs past the end of the file"
+        )
+    cur.pos = pos
+    return out
+
+
+def _block_size(info_name: str, ggml_type: int, path: Path) -> tuple[int, int]:
+    try:
+        qtype = GGMLQuantizationType(ggml_type)
+        return GGML_QUANT_SIZES[qtype]
+    except (ValueError, KeyError):
+        raise UnsupportedError(
+            f"{path}: tensor {info_name!r} has ggml type {ggml_type}, which no GGUF reader knows"
+        ) from None
+
+
+def _read_tensor_info(cur: _Cursor, index: int) -> tuple[str, tuple[int, ...], int, int]:
+    name = cur.string(f"the name of tensor #{index}")
+    n_dims = cur.unpack("<I", 4, f"the rank of tensor {name!r}")
+    if not 1 <= n_dims <= MAX_DIMS:
+        raise CheckpointFormatError(f"{cur.path}: tensor {name!r} has {n_dims} dimensions; "
+                                    f"GGUF allows 1 to {MAX_DIMS}")
+    cur.need(8 * n_dims, f"the shape of tensor {name!r}")
+    dims = struct.unpack_from(f"<{n_dims}Q", cur.buf, cur.pos)
+    cur.pos += 8 * n_dims
+    ggml_type = cur.unpack("<I", 4, f"the type of tensor {name!r}")
+    offset = cur.unpack("<Q", 8, f"the data offset of tensor {name!r}")
+    return name, tuple(reversed(dims)), ggml_type, offset
+
+
+def sniff(path: Path) -> int:
+    """Check the magic and version of ``path`` and return the version; reads 8 bytes."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(8)
+    except OSError as exc:
+        raise CheckpointFormatError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    if len(head) < 8:
+        raise CheckpointFormatError(f"{path}: truncated file: {len(head)} bytes, shorter than a GGUF header")
+    if head[:4] != GGUF_MAGIC:
+        raise CheckpointFormatError(f"{path}: not a GGUF file: starts with {head[:4]!r}, expected {GGUF_MAGIC!r}")
+    (version,) = struct.unpack_from("<I", head, 4)
+    if version not in SUPPORTED_VERSIONS:
+        if version & 0xFFFF == 0 and (version >> 24) in SUPPORTED_VERSIONS:
+            raise UnsupportedError(f"{path}: big-endian GGUF files are not supported")
+        raise UnsupportedError(
+            f"{path}: GGUF version {version} is not supported; expected one of {list(SUPPORTED_VERSIONS)}"
+        )
+    return int(version)
+
+
+def _parse(path: Path) -> GGUFHeader:
+    version = sniff(path)
+    size = path.stat().st_size
+    with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        cur = _Cursor(mm, path, size)
+        cur.need(FIXED_HEADER, "the GGUF header")
+        cur.pos = 8
+        tensor_count = cur.unpack("<Q", 8, "the tensor count")
+        kv_count = cur.unpack("<Q", 8, "the metadata count")
+        for what, count, least in (("metadata count", kv_count, MIN_KV_BYTES),
+                                   ("tensor count", tensor_count, MIN_TENSOR_INFO_BYTES)):
+            if count * least > cur.left():
+                raise CheckpointFormatError(
+                    f"{path}: truncated or corrupt file: {what} {count} needs at least {count * least} "
+                    f"bytes, but only {cur.left()} are left in the file"
+                )
+        metadata: dict[str, Any] = {}
+        for i in range(kv_count):
+            key = cur.string(f"the name of metadata key #{i}")
+            vtype = cur.unpack("<I", 4, f"the type of metadata key {key!r}")
+            if key in metadata:
+                raise CheckpointFormatError(f"{path}: metadata key {key!r} appears twice")
+            metadata[key] = _read_value(cur, vtype, key)
+        entries = [_read_tensor_info(cur, i) for i in range(tensor_count)]
+        header_end = cur.pos
+    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise CheckpointFormatError(f"{path}: metadata key 'general.alignment' is {alignment!r}; "
+                                    "expected a power of two")
+    data_start = -(-header_end // alignment) * alignment
+    tensors = []
+    seen: set[str] = set()
+    for name, shape, ggml_type, offset in entries:
+        if name in seen:
+            raise CheckpointFormatError(f"{path}: tensor {name!r} appears twice in the tensor table")
+        seen.add(name)
+        block, type_size = _block_size(name, ggml_type, path)
+        if shape[-1] % block:
+            raise CheckpointFormatError(
+                f"{path}: tensor {name!r} has rows of {shape[-1]} values, not a multiple of the "
+                f"{GGMLQuantizationType(ggml_type).name} block size {block}"
+            )
+        if offset % alignment:
+            raise CheckpointFormatError(f"{path}: tensor {name!r} starts at data offset {offset}, "
+                                        f"not a multiple of the alignment {alignment}")
+        n = 1
+        for d in shape:
+            n *= d
+        nbytes = n // block * type_size
+        start = data_start + offset
+        if start + nbytes > size:
+            raise CheckpointFormatError(
+                f"{path}: tensor {name!r} data runs past the end of the file: it needs bytes "
+                f"[{start}, {start + nbytes}) but the file has {size} bytes"
+            )
+        tensors.append(TensorInfo(name, shape, ggml_type, start, nbytes))
+    return GGUFHeader(path=path, version=version, metadata=metadata, tensors=tuple(tensors),
+                      data_start=data_start, file_size=size)
+
+
+@functools.lru_cache(maxsize=16)
+def _cached(path: str, size: int, mtime_ns: int, inode: int) -> GGUFHeader:
+    return _parse(Path(path))
+
+
+def read_header(path: Path | str) -> GGUFHeader:
+    """Parse and validate ``path``'s header; cached while the file is unchanged (same size, mtime, inode)."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as exc:
+        raise CheckpointFormatError(f"{p}: cannot read: {exc.strerror or exc}") from exc
+    return _cached(os.fspath(p), st.st_size, st.st_mtime_ns, st.st_ino)

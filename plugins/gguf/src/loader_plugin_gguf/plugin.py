@@ -1,0 +1,61 @@
+"""Entry point of loader-plugin-gguf: hook implementations only, imports kept light.
+
+torch, numpy, gguf and tokenizers are imported inside the hooks (through this package's
+submodules), so ``loader plugins`` lists this plugin without loading any of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from loader.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from loader.checkpoint import Source, TokenizerBundle, WeightFormat
+    from loader.options import LoadOptions
+    from loader.weights import ReadStats, WeightStream
+
+FORMAT_NAME = "gguf"
+
+
+@hookimpl(trylast=True)
+def loader_detect_format(source: Source, requested: str) -> WeightFormat | None:
+    """A ``.gguf`` file, a folder holding one GGUF model, or a split set; ``trylast`` so that a
+    folder with both safetensors and GGUF files loads the safetensors, as HF repos intend."""
+    if requested not in ("auto", FORMAT_NAME):
+        return None
+    from .detect import detect_gguf
+
+    return detect_gguf(source, requested)
+
+
+@hookimpl
+def loader_read_config(source: Source, weight_format: WeightFormat) -> Mapping[str, Any] | None:
+    if weight_format.name != FORMAT_NAME:
+        return None
+    from .config import hf_config
+    from .header import read_header
+
+    return hf_config(read_header(Path(weight_format.files[0])))
+
+
+@hookimpl
+def loader_load_tokenizer(source: Source, weight_format: WeightFormat) -> TokenizerBundle | None:
+    if weight_format.name != FORMAT_NAME:
+        return None
+    from .header import read_header
+    from .tokenizer import build_tokenizer
+
+    return build_tokenizer(read_header(Path(weight_format.files[0])))
+
+
+@hookimpl
+def loader_iter_weights(source: Source, weight_format: WeightFormat, options: LoadOptions,
+                        stats: ReadStats) -> WeightStream | None:
+    if weight_format.name != FORMAT_NAME:
+        return None
+    from .weight_stream import iter_gguf_weights
+
+    return iter_gguf_weights(weight_format.files, stats)

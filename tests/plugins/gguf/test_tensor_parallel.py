@@ -1,0 +1,60 @@
+"""GGUF under tensor parallelism (two gloo ranks): single-process logits, each rank reading about half.
+
+Row splits (q/k/v, gate/up, vocab) narrow quantized rows before dequantizing; column splits
+(o_proj, down_proj) narrow whole blocks, or the enclosing blocks when a shard edge falls
+inside a K-quant super-block (o_proj of a 256-wide K-quant model split in two).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import loader
+from tests.helpers.gguf_files import Q
+from tests.helpers.hf_checkpoints import relative_error
+
+pytestmark = pytest.mark.torchrun
+
+REPO = Path(__file__).resolve().parents[3]
+SCRIPT = Path(__file__).parent / "scripts" / "tp_gguf.py"
+CASES: dict[str, tuple[str, Q, dict[str, Any]]] = {
+    "llama-q4_0": ("llama", Q.Q4_0, {"rope_scaling": None}),
+    "llama-q4_k": ("llama", Q.Q4_K, {"rope_scaling": None, "hidden_size": 256, "intermediate_size": 512}),
+    "qwen2-q8_0": ("qwen2", Q.Q8_0, {}),
+}
+
+
+@pytest.fixture(scope="module")
+def tp_run(tiny_gguf, tmp_path_factory):
+    files = {case: tiny_gguf(family, qtype, **overrides)[0] for case, (family, qtype, overrides) in CASES.items()}
+    out = tmp_path_factory.mktemp("tp-out")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env.pop("WORLD_SIZE", None)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+               str(SCRIPT), str(out), *(str(p) for p in files.values())]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return files, [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_ranks_give_single_process_logits_reading_about_half(tp_run, case):
+    files, ranks = tp_run
+    path = files[case]
+    ids = torch.arange(24).view(2, 12) % 200
+    with torch.no_grad():
+        expected = loader.load_model(str(path), dtype="float32")(ids)
+    single = loader.load_model_with_report(str(path), dtype="float32")[1].bytes_read
+    for rank in ranks:
+        result = rank[str(path)]
+        assert result["tp_size"] == 2
+        assert relative_error(torch.load(result["logits"]), expected) <= 1e-5
+        assert result["bytes_read"] < 0.75 * single
