@@ -37,7 +37,8 @@ docs: install
 demo: install  ## load the real SmolLM2-135M-Instruct GGUF, report, and ask it a question
 	$(PY) scripts/demo.py
 
-bench: install  ## every benchmark; results go to benchmarks/RESULTS.md
+bench: install  ## load benchmarks against the peers; results go to benchmarks/RESULTS.md (+ PNG plot)
+	$(PIP_INSTALL) -r benchmarks/requirements.txt
 	$(PY) benchmarks/run_all.py
 
 tox: install  ## one isolated env per package

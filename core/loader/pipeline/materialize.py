@@ -59,12 +59,25 @@ def parameter_bytes(model: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for _, t, _ in _tensors(model))
 
 
+_HUGE_PAGE = 2 * 1024 * 1024
+
+
 def _cpu_arena(nbytes: int) -> torch.Tensor:
-    buffer = mmap.mmap(-1, max(nbytes, 1))
+    """Private anonymous memory, 2 MiB aligned and advised for transparent huge pages.
+
+    Private, because the kernel ignores huge-page advice on shared memory where
+    ``shmem_enabled`` is ``never`` (``mmap.mmap(-1, n)`` alone is ``MAP_SHARED``);
+    aligned, so every 2 MiB of the arena can be one page.
+    """
+    size = max(nbytes, 1) + _HUGE_PAGE
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    buffer = mmap.mmap(-1, size, flags=flags) if flags else mmap.mmap(-1, size)
+    whole = torch.frombuffer(buffer, dtype=torch.uint8)  # keeps ``buffer`` alive
+    skip = -whole.data_ptr() % _HUGE_PAGE
     if hasattr(mmap, "MADV_HUGEPAGE"):
         with contextlib.suppress(OSError):  # kernels without THP
             buffer.madvise(mmap.MADV_HUGEPAGE)
-    return torch.frombuffer(buffer, dtype=torch.uint8)  # keeps ``buffer`` alive
+    return whole[skip:skip + max(nbytes, 1)]
 
 
 def materialize(model: nn.Module, device: torch.device, *, arena: bool = True) -> None:
