@@ -34,6 +34,8 @@ def read_json_object(path: Path, what: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: {what} is not UTF-8 ({exc.reason} at byte {exc.start})") from exc
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: {what} is not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+    except (ValueError, RecursionError) as exc:  # an integer too long to convert, nesting too deep
+        raise ConfigError(f"{path}: {what} is not valid JSON ({exc})") from exc
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read {what}: {exc.strerror or exc}") from exc
     if not isinstance(data, dict):

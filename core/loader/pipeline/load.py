@@ -71,6 +71,14 @@ class LoadReport:
 
 
 def _peak_rss_bytes() -> int:
+    """This process's peak resident set: ``VmHWM`` (``ru_maxrss`` is inherited across fork)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -172,6 +180,28 @@ def _build(prepared: PreparedCheckpoint, options: LoadOptions, dtype: torch.dtyp
     return arch, model, quant_config
 
 
+def _guard_quantization_stream(method: str, stream: Iterable[tuple[str, CheckpointTensor]]
+                               ) -> Iterator[tuple[str, CheckpointTensor]]:
+    """Pass a quantization's ``wrap_weights`` stream through; its bugs become a :class:`PluginError` naming it."""
+    try:
+        yield from stream
+    except LoadError:
+        raise
+    except Exception as exc:
+        raise PluginError(f"quantization {method!r} failed in wrap_weights: {type(exc).__name__}: {exc}") from exc
+
+
+def _load_weights(model: nn.Module, stream: Iterator[tuple[str, CheckpointTensor]], arch: str) -> set[str]:
+    """``model.load_weights(stream)``; a bug in the model plugin becomes a :class:`PluginError` naming it."""
+    try:
+        with torch.no_grad():
+            return model.load_weights(stream)  # type: ignore[operator, no-any-return]
+    except LoadError:
+        raise
+    except Exception as exc:
+        raise PluginError(f"model class for {arch} failed in load_weights: {type(exc).__name__}: {exc}") from exc
+
+
 def _load_sharded_state(model: nn.Module, prepared: PreparedCheckpoint, options: LoadOptions, stats: ReadStats,
                         totals: list[int], progress: bool, host: PluginHost | None) -> set[str]:
     from ..sharded.direct_load import load_by_name
@@ -218,10 +248,9 @@ def _load(source: str, options: LoadOptions, dtype_arg: Any, progress: bool, sta
             stream = reject_duplicates(
                 hooks.iter_weights(prepared.source, prepared.weight_format, options, stats, host))
             if quant_config is not None:
-                stream = quant_config.wrap_weights(stream)
+                stream = _guard_quantization_stream(quant_config.name, quant_config.wrap_weights(stream))
             stream = _with_progress(_counting(stream, totals), progress)
-            with torch.no_grad():
-                loaded = model.load_weights(stream)  # type: ignore[operator]
+            loaded = _load_weights(model, stream, arch)
         check_all_filled(model, loaded, prepared.source.display())
         if prepared.weight_format.name != "sharded_state":  # saved after post-processing already
             with torch.no_grad():

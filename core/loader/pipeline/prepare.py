@@ -69,6 +69,7 @@ def _index_files(index_path: Path, folder: Path) -> set[Path]:
         raise CheckpointFormatError(f"{index_path}: 'weight_map' must be a non-empty object of tensor -> file")
     root = folder.resolve()
     named: set[Path] = set()
+    present: set[Path] = set()
     for tensor, file in weight_map.items():
         if not isinstance(file, str) or not file:
             raise CheckpointFormatError(f"{index_path}: weight_map[{tensor!r}] must be a file name, found {file!r}")
@@ -78,14 +79,22 @@ def _index_files(index_path: Path, folder: Path) -> set[Path]:
                 f"{index_path}: weight_map[{tensor!r}] = {file!r} points outside the model folder"
             )
         path = folder / rel
-        if path.is_symlink() or path.exists():
-            real = path.resolve()
-            if real != root and root not in real.parents:
-                raise CheckpointFormatError(
-                    f"{index_path}: shard {file!r} resolves to {real}, outside the model folder {root}"
-                )
+        try:
+            linked = path.is_symlink() or path.exists()
+            real = path.resolve() if linked else path
+            is_file = path.is_file()
+        except (OSError, ValueError) as exc:  # a name too long for the file system, a NUL byte
+            raise CheckpointFormatError(
+                f"{index_path}: weight_map[{tensor!r}] = {file!r} is not a usable file name ({exc})"
+            ) from exc
+        if linked and real != root and root not in real.parents:
+            raise CheckpointFormatError(
+                f"{index_path}: shard {file!r} resolves to {real}, outside the model folder {root}"
+            )
+        if is_file:
+            present.add(path)
         named.add(path)
-    missing = sorted(str(p.relative_to(folder)) for p in named if not p.is_file())
+    missing = sorted(str(p.relative_to(folder)) for p in named if p not in present)
     if missing:
         raise SourceNotFoundError(
             f"{index_path}: the index names shard(s) that do not exist: {', '.join(missing)}"

@@ -135,14 +135,27 @@ def probe_in_child(entries: Sequence[RegisteredModel]) -> dict[str, ProbeOutcome
         failure = PluginError(
             f"{what} did not finish within {timeout:g} s (LOADER_PROBE_TIMEOUT){_stderr_tail(exc.stderr)}"
         )
-        return {e.architecture: failure for e in entries}
+        return _each_alone(entries, failure)
     except OSError as exc:
         failure = PluginError(f"{what} could not start {command[0]}: {exc}")
         return {e.architecture: failure for e in entries}
     if done.returncode != 0:
         failure = PluginError(f"{what} failed with exit status {done.returncode}{_stderr_tail(done.stderr)}")
-        return {e.architecture: failure for e in entries}
+        return _each_alone(entries, failure)
     return _read_answer(entries, done.stdout, done.stderr, what)
+
+
+def _each_alone(entries: Sequence[RegisteredModel], failure: PluginError) -> dict[str, ProbeOutcome]:
+    """A child that crashed or hung took every entry with it: probe each alone, so only the culprit fails.
+
+    Costs one child per entry, and a second timeout for a hanging one, only after a failure.
+    """
+    if len(entries) == 1:
+        return {entries[0].architecture: failure}
+    outcomes: dict[str, ProbeOutcome] = {}
+    for entry in entries:
+        outcomes.update(probe_in_child([entry]))
+    return outcomes
 
 
 def _read_answer(entries: Sequence[RegisteredModel], stdout: str, stderr: str,

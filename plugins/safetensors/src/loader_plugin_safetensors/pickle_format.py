@@ -14,6 +14,7 @@ each read copies.
 from __future__ import annotations
 
 import pickle
+import re
 import zipfile
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -63,6 +64,10 @@ class CountedEagerTensor(EagerTensor):
 
 
 def _refusal_detail(exc: BaseException) -> str:
+    # torch's message wraps the one useful fact (the refused global) in advice to turn the check off
+    refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+    if refused:
+        return f"unsupported global {refused.group(1)}"
     lines = [line.strip() for line in str(exc).splitlines()]
     kept = [line for line in lines if line and not line.startswith(_BOILERPLATE)]
     detail = " ".join(kept).replace("WeightsUnpickler error:", "").strip()
