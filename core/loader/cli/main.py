@@ -95,11 +95,27 @@ def _dispatch(args: argparse.Namespace) -> int:
     raise AssertionError(args.command)
 
 
+def _configure_logging(debug: bool) -> None:
+    """Keep stderr for our one-line errors: libraries' log records and warnings show only with ``--debug``.
+
+    (bitsandbytes, for one, logs a warning on import when an optional kernel package is missing.)
+    """
+    import logging
+
+    root = logging.getLogger()
+    if debug:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    elif not root.handlers:
+        root.addHandler(logging.NullHandler())
+    logging.captureWarnings(not debug)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``loader`` console script."""
     from ..errors import LoadError
 
     args = build_parser().parse_args(argv)
+    _configure_logging(args.debug)
     try:
         return _dispatch(args)
     except LoadError as exc:

@@ -188,6 +188,7 @@ class Packed4bitTensor(CheckpointTensor):
         With double quantization ``absmax`` is dequantized here, exactly as
         bitsandbytes does before it dequantizes the weight.
         """
+        self.parts.check_code_table()  # a stored table other than the standard one would be silently ignored
         full_cols = self.header.shape[1]
         bs = self.blocksize
         r0, nr = self.rows

@@ -113,7 +113,7 @@ def parse_quant_state(raw: torch.Tensor, name: str, what: str) -> QuantStateHead
         )
     try:
         data = json.loads(bytes(raw.tolist()).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
         raise CheckpointFormatError(f"{what}: quant_state is not valid UTF-8 JSON ({exc})") from exc
     if not isinstance(data, dict):
         found = type(data).__name__

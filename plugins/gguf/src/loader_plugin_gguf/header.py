@@ -279,6 +279,9 @@ def _parse(path: Path) -> GGUFHeader:
             raise CheckpointFormatError(f"{path}: tensor {name!r} appears twice in the tensor table")
         seen.add(name)
         block, type_size = _block_size(name, ggml_type, path)
+        if 0 in shape:
+            raise CheckpointFormatError(f"{path}: tensor {name!r} has a zero-length dimension (shape {shape}); "
+                                        "model weights are never empty")
         if shape[-1] % block:
             raise CheckpointFormatError(
                 f"{path}: tensor {name!r} has rows of {shape[-1]} values, not a multiple of the "
