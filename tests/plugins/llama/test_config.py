@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from loader.errors import ConfigError, UnsupportedError
 from loader_plugin_llama.config import parse_llama_config
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
+
 from loader.errors import (
     LoadError,
     MissingWeightsError,
     ShapeMismatchError,
     UnexpectedWeightError,
 )
-from safetensors.torch import load_file, save_file
-
 from tests.helpers.model_checks import load, write_family_checkpoint
 
 INDEX = "model.safetensors.index.json"

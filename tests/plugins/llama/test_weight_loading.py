@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from loader.distributed import simulated_tp
 from loader.errors import UnexpectedWeightError, UnsupportedError
 from loader.weights import EagerTensor
 from loader_plugin_llama.model import LlamaForCausalLM
-
 from tests.helpers.eager_checkpoint import build_model, eager_weights
 from tests.helpers.model_checks import write_family_checkpoint
 

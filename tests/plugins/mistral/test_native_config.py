@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from loader.checkpoint import Source, WeightFormat
 from loader.errors import ConfigError, UnsupportedError
 from loader.hooks import read_config

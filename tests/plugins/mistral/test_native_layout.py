@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from loader.context import ModelContext
 from loader.distributed import simulated_tp
 from loader_plugin_mistral.model import MistralForCausalLM
 from loader_plugin_mistral.native_config import read_native_config
 from loader_plugin_mistral.native_layout import native_to_hf_name
-
 from tests.helpers.eager_checkpoint import build_model, eager_weights
 from tests.helpers.hf_checkpoints import build_model as build_hf_model
 from tests.helpers.hf_checkpoints import tiny_config

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from loader.errors import ConfigError
 from loader_plugin_qwen.config import parse_qwen2_config, parse_qwen3_config
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 from loader.plugins import create_plugin_host
 
 
