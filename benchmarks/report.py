@@ -202,7 +202,10 @@ def render_markdown(results: dict[str, Any], notes: str) -> str:
            f"- Software: {meta['software']}",
            f"- Environment: {meta['environment']}",
            f"- Command: `{meta['command']}`",
-           f"- Timed process: {meta['process']}", "",
+           f"- Timed process: {meta['process']}",
+           f"- Host memory: {meta.get('host_memory', 'not warmed (--no-warm-memory)')} "
+           "(first touch of never-used guest memory is several times slower on this VM; see host_memory.py)",
+           "",
            "Method: every path runs in a fresh Python process, after untimed warm-up runs (bytecode and "
            "registry caches filled); the order of the paths rotates between "
            "repetitions; the page cache is warmed (every shard read once) before every repetition, so all "

@@ -37,6 +37,7 @@ from benchmarks.checkpoints import (
     tensor_specs,
     warm_page_cache,
 )
+from benchmarks.host_memory import warm_host_memory
 from benchmarks.machine import describe_environment, describe_machine, describe_software
 from benchmarks.paths import PATHS, MeasuredPath, PathSkipped
 from benchmarks.plot import MATPLOTLIB_HINT, have_matplotlib, plot_seconds
@@ -83,6 +84,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1,
                         help="untimed runs of each path before the timed ones (default 1): they fill the "
                              "bytecode cache and loader's registry cache")
+    parser.add_argument("--no-warm-memory", action="store_true",
+                        help="skip the untimed pass over free memory (see benchmarks/host_memory.py)")
     parser.add_argument("--warm-process", action="store_true",
                         help="each child first loads a tiny same-architecture checkpoint, untimed, so lazy "
                              "imports inside a load are not timed (a server's second load); default: cold process")
@@ -202,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
             "command": _command_line(argv),
             "process": "warm (a tiny checkpoint loaded first, untimed)" if args.warm_process else "cold (fresh)"}
     _log(f"{meta['machine']}\n{meta['environment']}")
+    if not args.no_warm_memory:
+        meta["host_memory"] = warm_host_memory()
+        _log(f"host memory: {meta['host_memory']}")
     results: dict[str, Any] = {"meta": meta, "sizes": [], "read_paths": None, "plot": None}
     for gigabytes in args.sizes:
         names = [n for n in selected if n in SINGLE_PROCESS or (n in TP_PATHS and gigabytes == args.sizes[0])]
