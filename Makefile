@@ -27,9 +27,9 @@ typecheck: install
 	$(VENV)/bin/mypy core/loader $(foreach p,$(PLUGINS),plugins/$(p)/src/loader_plugin_$(p))
 
 unit: install
-	$(VENV)/bin/pytest -q
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q
 
-test: lint typecheck unit  ## what CI runs
+test: lint typecheck docs unit  ## what CI runs
 
 docs: install
 	$(PY) scripts/gen_hook_docs.py --check
