@@ -21,3 +21,40 @@ def _isolated_loader_cache() -> Iterator[None]:
                 os.environ.pop("LOADER_CACHE_DIR", None)
             else:
                 os.environ["LOADER_CACHE_DIR"] = previous
+
+
+@pytest.fixture
+def toys(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """Write toy model modules under unique names on ``sys.path`` (probe children inherit it); forget them after."""
+    import uuid
+
+    from tests.helpers.toy_models import forget_module, write_module
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    written: list[str] = []
+
+    def write(source: str) -> str:
+        name = f"toy_{uuid.uuid4().hex[:12]}"
+        write_module(tmp_path, name, source)
+        written.append(name)
+        return name
+
+    yield write
+    for name in written:
+        forget_module(name)
+
+
+@pytest.fixture
+def children(monkeypatch):  # type: ignore[no-untyped-def]
+    """Record every ``subprocess.run`` command (each is one registry probe child)."""
+    import subprocess
+
+    commands: list[list[str]] = []
+    real_run = subprocess.run
+
+    def run(command, *args, **kwargs):  # type: ignore[no-untyped-def]
+        commands.append(list(command))
+        return real_run(command, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    return commands

@@ -38,18 +38,6 @@ def toy(tmp_path, monkeypatch):
     forget_module(name)
 
 
-@pytest.fixture
-def children(monkeypatch):
-    """Record every subprocess.run command (each is one probe child)."""
-    commands: list[list[str]] = []
-    real_run = subprocess.run
-
-    def run(command, *args, **kwargs):
-        commands.append(list(command))
-        return real_run(command, *args, **kwargs)
-
-    monkeypatch.setattr(subprocess, "run", run)
-    return commands
 
 
 def fresh_registry(package: str) -> ModelRegistry:

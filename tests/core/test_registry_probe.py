@@ -5,14 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 
 from loader.errors import ConfigError, PluginError
 from loader.registry import ModelInfo, ModelRegistry
 from loader.registry import probe as probe_module
-from tests.helpers.toy_models import TOY_WITH_TORCH, TOY_WITHOUT_TORCH, forget_module, write_module
+from tests.helpers.toy_models import TOY_WITH_TORCH, TOY_WITHOUT_TORCH
 
 
 @pytest.fixture(autouse=True)
@@ -22,35 +21,8 @@ def _private_cache(tmp_path, monkeypatch):
     monkeypatch.delenv("LOADER_PROBE_TIMEOUT", raising=False)
 
 
-@pytest.fixture
-def toys(tmp_path, monkeypatch):
-    """Write toy modules under unique names on sys.path; forget them afterwards."""
-    monkeypatch.syspath_prepend(str(tmp_path))
-    written: list[str] = []
-
-    def write(source: str) -> str:
-        name = f"regtoy_{uuid.uuid4().hex[:12]}"
-        write_module(tmp_path, name, source)
-        written.append(name)
-        return name
-
-    yield write
-    for name in written:
-        forget_module(name)
 
 
-@pytest.fixture
-def children(monkeypatch):
-    """Record every subprocess.run command (each is one probe child)."""
-    commands: list[list[str]] = []
-    real_run = subprocess.run
-
-    def run(command, *args, **kwargs):
-        commands.append(list(command))
-        return real_run(command, *args, **kwargs)
-
-    monkeypatch.setattr(subprocess, "run", run)
-    return commands
 
 
 def test_probe_in_a_child_never_imports_the_model_or_initialises_cuda(toys, children, monkeypatch):

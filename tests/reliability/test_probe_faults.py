@@ -15,7 +15,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,21 +51,6 @@ def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LOADER_PROBE_TIMEOUT", raising=False)
 
 
-@pytest.fixture
-def toys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], str]]:
-    """Write toy model modules under unique names on ``sys.path`` (the child inherits it)."""
-    monkeypatch.syspath_prepend(str(tmp_path))
-    written: list[str] = []
-
-    def write(source: str) -> str:
-        name = f"probefault_{uuid.uuid4().hex[:12]}"
-        write_module(tmp_path, name, source)
-        written.append(name)
-        return name
-
-    yield write
-    for name in written:
-        forget_module(name)
 
 
 class _Registers:
