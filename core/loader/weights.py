@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CheckpointTensor",
+    "check_shape",
     "EagerTensor",
     "ReadStats",
     "RowPermutedTensor",
@@ -46,6 +47,21 @@ class ReadStats:
         with self._lock:
             self.bytes_read += nbytes
             self.tensors_read += tensors
+
+
+def check_shape(loaded: CheckpointTensor, expected: Sequence[int], what: str = "") -> None:
+    """Raise :class:`~loader.errors.ShapeMismatchError` unless ``loaded`` has shape ``expected``.
+
+    ``what`` names the destination (a layer prefix, a shard) in the message.
+    """
+    expected = tuple(int(s) for s in expected)
+    if tuple(loaded.shape) != expected:
+        from .errors import ShapeMismatchError
+
+        target = f" for {what}" if what else ""
+        raise ShapeMismatchError(
+            f"{loaded.describe()}: expected shape {expected}{target}, found {tuple(loaded.shape)}"
+        )
 
 
 class CheckpointTensor(abc.ABC):
@@ -106,14 +122,13 @@ class CheckpointTensor(abc.ABC):
         """``'name' in file`` — how error messages refer to this tensor."""
         return f"tensor {self.name!r} in {self.file}"
 
+    def check_destination(self, out: torch.Tensor) -> None:
+        """Raise :class:`~loader.errors.ShapeMismatchError` unless ``out`` has this tensor's shape."""
+        check_shape(self, out.shape)
+
     def read_into(self, out: torch.Tensor) -> None:
         """Write the values into ``out`` (same shape, any dtype, any device)."""
-        from .errors import ShapeMismatchError
-
-        if tuple(out.shape) != self.shape:
-            raise ShapeMismatchError(
-                f"{self.describe()}: expected shape {tuple(out.shape)}, found {self.shape}"
-            )
+        self.check_destination(out)
         values = self.read(out.dtype if out.device.type == "cpu" else None)
         out.copy_(values)
 
@@ -170,13 +185,11 @@ class EagerTensor(CheckpointTensor):
         return t.contiguous()
 
     def read_into(self, out: torch.Tensor) -> None:
-        from .errors import ShapeMismatchError
+        import torch
 
-        if tuple(out.shape) != self.shape:
-            raise ShapeMismatchError(
-                f"{self.describe()}: expected shape {tuple(out.shape)}, found {self.shape}"
-            )
-        out.copy_(self.tensor)
+        self.check_destination(out)
+        with torch.no_grad():
+            out.detach().copy_(self.tensor)
 
 
 class RowPermutedTensor(CheckpointTensor):

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..errors import ShapeMismatchError
+from ..weights import check_shape
 
 if TYPE_CHECKING:
     import torch
@@ -13,19 +12,6 @@ if TYPE_CHECKING:
     from ..weights import CheckpointTensor
 
 __all__ = ["check_shape", "default_weight_loader"]
-
-
-def check_shape(loaded: CheckpointTensor, expected: Sequence[int], what: str = "") -> None:
-    """Raise :class:`ShapeMismatchError` unless ``loaded`` has shape ``expected``.
-
-    ``what`` names the destination (a layer prefix, a shard) in the message.
-    """
-    expected = tuple(int(s) for s in expected)
-    if tuple(loaded.shape) != expected:
-        target = f" for {what}" if what else ""
-        raise ShapeMismatchError(
-            f"{loaded.describe()}: expected shape {expected}{target}, found {tuple(loaded.shape)}"
-        )
 
 
 def default_weight_loader(param: torch.Tensor, loaded: CheckpointTensor, shard_id: object = None) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from loader.errors import CheckpointFormatError, ShapeMismatchError, UnsupportedError
+from loader.errors import CheckpointFormatError, UnsupportedError
 from loader.weights import CheckpointTensor, ReadStats
 
 from .dequantize import SUPPORTED_TYPES, block_shape, dequantize_into, is_supported, natural_dtype
@@ -153,8 +153,7 @@ class GGUFTensor(CheckpointTensor):
 
     def read_into(self, out: torch.Tensor) -> None:
         """Dequantize into ``out``'s own storage, on ``out``'s device: only packed bytes travel."""
-        if tuple(out.shape) != self.shape:
-            raise ShapeMismatchError(f"{self.describe()}: expected shape {tuple(out.shape)}, found {self.shape}")
+        self.check_destination(out)
         raw = self._raw()
         target = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype, device=out.device)
         packed = raw if target.device.type == "cpu" else raw.contiguous().to(target.device)

@@ -19,7 +19,7 @@ import zipfile
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from loader.errors import CheckpointFormatError, ShapeMismatchError
+from loader.errors import CheckpointFormatError
 from loader.weights import EagerTensor, ReadStats
 
 if TYPE_CHECKING:
@@ -52,14 +52,7 @@ class CountedEagerTensor(EagerTensor):
         return values
 
     def read_into(self, out: torch.Tensor) -> None:
-        import torch
-
-        if tuple(out.shape) != self.shape:
-            raise ShapeMismatchError(
-                f"{self.describe()}: expected shape {tuple(out.shape)}, found {self.shape}"
-            )
-        with torch.no_grad():
-            out.detach().copy_(self.tensor)
+        super().read_into(out)
         self._count()
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from loader.errors import ShapeMismatchError
 from loader.weights import CheckpointTensor, ReadStats
 
 from .byte_layout import ByteLayout, layout_of
@@ -83,10 +82,7 @@ class SafetensorsTensor(CheckpointTensor):
         return out
 
     def read_into(self, out: torch.Tensor) -> None:
-        if tuple(out.shape) != self.shape:
-            raise ShapeMismatchError(
-                f"{self.describe()}: expected shape {tuple(out.shape)}, found {self.shape}"
-            )
+        self.check_destination(out)
         from .tensor_read import read_tensor_into
 
         read_tensor_into(self, out)
