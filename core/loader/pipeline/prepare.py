@@ -23,9 +23,9 @@ from ..hf_files import read_json_object
 from ..options import LoadOptions
 from ..plugins import PluginHost
 
-__all__ = ["PreparedCheckpoint", "filter_weight_files", "prepare_checkpoint"]
+__all__ = ["PreparedCheckpoint", "filter_weight_files", "is_training_artifact", "prepare_checkpoint"]
 
-TRAINING_ARTIFACTS = ("training_args.bin", "optimizer.*", "scheduler.pt", "scaler.pt", "rng_state*.pth")
+TRAINING_ARTIFACTS = ("training_args.bin", "optimizer.*", "scheduler.pt", "scaler.pt", "rng_state*")
 
 
 @attrs.frozen
@@ -47,9 +47,10 @@ class PreparedCheckpoint:
         return archs
 
 
-def _is_artifact(name: str) -> bool:
+def is_training_artifact(name: str) -> bool:
+    """Whether a file (by its base name) is training state saved beside the weights, not a weight file."""
     base = PurePosixPath(name).name
-    return any(fnmatch.fnmatch(base, pattern) for pattern in TRAINING_ARTIFACTS)
+    return any(fnmatch.fnmatchcase(base, pattern) for pattern in TRAINING_ARTIFACTS)
 
 
 def _in_original(folder: Path | None, file: str) -> bool:
@@ -105,7 +106,7 @@ def _index_files(index_path: Path, folder: Path) -> set[Path]:
 def filter_weight_files(source: Source, weight_format: WeightFormat) -> WeightFormat:
     """Apply the index, drop training artifacts and ``original/**``; fail if nothing is left."""
     folder = source.directory
-    files = [f for f in weight_format.files if not _is_artifact(f) and not _in_original(folder, f)]
+    files = [f for f in weight_format.files if not is_training_artifact(f) and not _in_original(folder, f)]
     if weight_format.index is not None and folder is not None:
         named = _index_files(Path(weight_format.index), folder)
         named_real = {p.resolve() for p in named}

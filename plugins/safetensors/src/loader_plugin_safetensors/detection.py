@@ -11,10 +11,10 @@ Mistral's ``consolidated.safetensors`` resolves to one set.
 
 from __future__ import annotations
 
-import fnmatch
 from pathlib import Path
 
 from loader.checkpoint import Source, WeightFormat
+from loader.pipeline.prepare import is_training_artifact
 
 __all__ = ["FORMATS", "PT_SUFFIXES", "SAFETENSORS_SUFFIX", "detect_weight_format", "is_training_artifact"]
 
@@ -25,14 +25,6 @@ SAFETENSORS_SUFFIX = ".safetensors"
 PT_SUFFIXES = (".bin", ".pt")
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PT_INDEX = "pytorch_model.bin.index.json"
-
-_TRAINING_ARTIFACTS = ("training_args.bin", "optimizer.*", "scheduler.pt", "scaler.pt", "rng_state*")
-
-
-def is_training_artifact(name: str) -> bool:
-    """Whether a file name is a training state saved next to the weights, not a weight file."""
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in _TRAINING_ARTIFACTS)
-
 
 def _format_of(path: Path) -> str | None:
     if path.name.endswith(SAFETENSORS_SUFFIX):
