@@ -25,11 +25,8 @@ def main() -> int:
     args = parser.parse_args()
 
     import loader
-    from loader import hooks
     from loader.cli.output import format_bytes
-    from loader.generation import generate_greedy
-    from loader.options import LoadOptions
-    from loader.pipeline.prepare import prepare_checkpoint
+    from loader.generation import generate_greedy, tokenizer_for
 
     if args.source is None:
         from fetch_smollm2 import fetch_smollm2
@@ -47,10 +44,7 @@ def main() -> int:
     print(f"  params    {format_bytes(report.parameter_bytes)}")
     print(f"  peak RSS  {format_bytes(report.peak_rss_bytes)}")
 
-    import torch
-
-    prepared = prepare_checkpoint(source, LoadOptions(dtype=torch.float32, device=torch.device("cpu")))
-    bundle = hooks.load_tokenizer(prepared.source, prepared.weight_format)
+    bundle = tokenizer_for(source)
     result = generate_greedy(model, bundle, args.prompt, max_new_tokens=args.max_new_tokens,
                              chat=bundle.chat_template is not None)
     print(f"\nQ: {args.prompt}")

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from .checkpoint import TokenizerBundle
 
-__all__ = ["GenerationResult", "encode_prompt", "generate_greedy", "greedy_tokens"]
+__all__ = ["GenerationResult", "encode_prompt", "generate_greedy", "greedy_tokens", "tokenizer_for"]
 
 
 @attrs.frozen
@@ -31,6 +31,20 @@ class GenerationResult:
     @property
     def tokens_per_second(self) -> float:
         return len(self.output_ids) / self.seconds if self.seconds > 0 else 0.0
+
+
+def tokenizer_for(location: str, *, load_format: str = "auto", revision: str | None = None) -> TokenizerBundle:
+    """The tokenizer of the checkpoint at ``location`` (``tokenizer.json``, or what the format provides)."""
+    import torch
+
+    from . import hooks
+    from .options import LoadOptions
+    from .pipeline.prepare import prepare_checkpoint
+
+    options = LoadOptions(dtype=torch.float32, device=torch.device("cpu"), load_format=load_format,
+                          revision=revision)
+    prepared = prepare_checkpoint(location, options)
+    return hooks.load_tokenizer(prepared.source, prepared.weight_format)
 
 
 def encode_prompt(bundle: TokenizerBundle, prompt: str, *, chat: bool, system: str | None = None) -> list[int]:

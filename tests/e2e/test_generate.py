@@ -11,10 +11,7 @@ import pytest
 import torch
 
 import loader
-from loader import hooks
-from loader.generation import encode_prompt, generate_greedy, greedy_tokens
-from loader.options import LoadOptions
-from loader.pipeline.prepare import prepare_checkpoint
+from loader.generation import encode_prompt, generate_greedy, greedy_tokens, tokenizer_for
 from tests.helpers.hf_checkpoints import save_checkpoint
 from tests.helpers.tokenizers_files import write_tokenizer
 
@@ -28,8 +25,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
 
 
 def _bundle(path: Path):  # type: ignore[no-untyped-def]
-    prepared = prepare_checkpoint(str(path), LoadOptions(dtype=torch.float32, device=torch.device("cpu")))
-    return hooks.load_tokenizer(prepared.source, prepared.weight_format)
+    return tokenizer_for(str(path))
 
 
 def test_greedy_tokens_match_transformers_generate(checkpoint) -> None:  # type: ignore[no-untyped-def]

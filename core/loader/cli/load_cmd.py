@@ -39,17 +39,10 @@ def run_load(args: argparse.Namespace) -> int:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from .. import hooks
-    from ..generation import generate_greedy
-    from ..options import LoadOptions
-    from ..pipeline.prepare import prepare_checkpoint
+    from ..generation import generate_greedy, tokenizer_for
 
     model, report = _load(args)
-    import torch
-
-    prepared = prepare_checkpoint(args.source, LoadOptions(dtype=torch.float32, device=torch.device("cpu"),
-                                                           load_format=args.format, revision=args.revision))
-    bundle = hooks.load_tokenizer(prepared.source, prepared.weight_format)
+    bundle = tokenizer_for(args.source, load_format=args.format, revision=args.revision)
     result = generate_greedy(model, bundle, args.prompt, max_new_tokens=args.max_new_tokens, chat=args.chat,
                              system=args.system)
     if args.json:
