@@ -71,13 +71,10 @@ def interleave_rotary(weight: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def byte_glyphs() -> list[str]:
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table = {b: chr(b) for b in keep}
-    extra = 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + extra)
-            extra += 1
+    """GPT-2's 256 byte glyphs in byte order (the tokenizer tests check them against transformers)."""
+    from loader_plugin_gguf.tokenizer import byte_alphabet
+
+    table = byte_alphabet()
     return [table[b] for b in range(256)]
 
 
