@@ -49,16 +49,20 @@ def _plugin_failed(plugin: str, hook: str, exc: BaseException) -> PluginError:
     return PluginError(f"plugin {plugin!r} failed in {hook}: {type(exc).__name__}: {exc}")
 
 
+def _invoke(plugin: str, hook: str, impl: Any, kwargs: dict[str, Any]) -> Any:
+    """Run one implementation with the arguments it accepts; its bugs become a PluginError naming it."""
+    try:
+        return impl.function(**{name: kwargs[name] for name in impl.argnames})
+    except LoadError:
+        raise
+    except Exception as exc:
+        raise _plugin_failed(plugin, hook, exc) from exc
+
+
 def _call(host: PluginHost | None, hook: str, *, firstresult: bool, **kwargs: Any) -> Any:
     results = []
     for plugin, impl in _host(host).implementers(hook):
-        args = {name: kwargs[name] for name in impl.argnames}
-        try:
-            result = impl.function(**args)
-        except LoadError:
-            raise
-        except Exception as exc:
-            raise _plugin_failed(plugin, hook, exc) from exc
+        result = _invoke(plugin, hook, impl, kwargs)
         if result is None:
             continue
         if firstresult:
@@ -140,12 +144,7 @@ def register_architectures(register: Any, host: PluginHost | None = None) -> Non
     """Ask every plugin to register; ``register(plugin_name)`` returns that plugin's callback."""
     for plugin, impl in _host(host).implementers("loader_register_architectures"):
         callback: RegisterArchitecture = register(plugin)
-        try:
-            impl.function(**{name: callback for name in impl.argnames})
-        except LoadError:
-            raise
-        except Exception as exc:
-            raise _plugin_failed(plugin, "loader_register_architectures", exc) from exc
+        _invoke(plugin, "loader_register_architectures", impl, {"register": callback})
 
 
 def detect_quantization(
