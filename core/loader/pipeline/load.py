@@ -202,16 +202,6 @@ def _load_weights(model: nn.Module, stream: Iterator[tuple[str, CheckpointTensor
         raise PluginError(f"model class for {arch} failed in load_weights: {type(exc).__name__}: {exc}") from exc
 
 
-def _load_sharded_state(model: nn.Module, prepared: PreparedCheckpoint, options: LoadOptions, stats: ReadStats,
-                        totals: list[int], progress: bool, host: PluginHost | None) -> set[str]:
-    from ..sharded.direct_load import load_by_name
-
-    as_safetensors = attrs.evolve(prepared.weight_format, name="safetensors")
-    stream = hooks.iter_weights(prepared.source, as_safetensors, options, stats, host)
-    with torch.no_grad():
-        return load_by_name(model, _with_progress(_counting(reject_duplicates(stream), totals), progress))
-
-
 def load_model_with_report(
     source: str, *, dtype: Any = "bfloat16", device: str | torch.device = "cpu", load_format: str = "auto",
     quantization: str | None = None, revision: str | None = None,
@@ -240,19 +230,25 @@ def _load(source: str, options: LoadOptions, dtype_arg: Any, progress: bool, sta
         materialize(model, options.device)
         stats = ReadStats()
         totals = [0, 0]
+        sharded = prepared.weight_format.name == "sharded_state"
         if prepared.weight_format.name == "dummy":
             loaded = _fill_dummy(model)
-        elif prepared.weight_format.name == "sharded_state":
-            loaded = _load_sharded_state(model, prepared, options, stats, totals, progress, host)
         else:
-            stream = reject_duplicates(
-                hooks.iter_weights(prepared.source, prepared.weight_format, options, stats, host))
-            if quant_config is not None:
+            # sharded state is safetensors files holding parameters by name, already post-processed
+            read_as = attrs.evolve(prepared.weight_format, name="safetensors") if sharded else prepared.weight_format
+            stream = reject_duplicates(hooks.iter_weights(prepared.source, read_as, options, stats, host))
+            if quant_config is not None and not sharded:
                 stream = _guard_quantization_stream(quant_config.name, quant_config.wrap_weights(stream))
             stream = _with_progress(_counting(stream, totals), progress)
-            loaded = _load_weights(model, stream, arch)
+            if sharded:
+                from ..sharded.direct_load import load_by_name
+
+                with torch.no_grad():
+                    loaded = load_by_name(model, stream)
+            else:
+                loaded = _load_weights(model, stream, arch)
         check_all_filled(model, loaded, prepared.source.display())
-        if prepared.weight_format.name != "sharded_state":  # saved after post-processing already
+        if not sharded:
             with torch.no_grad():
                 hooks.process_weights_after_loading(model, quant_config, options.device, host)
         model.eval()
