@@ -116,6 +116,9 @@ def measure(path_name: str, source: Path, warm_source: Path | None = None) -> di
         state = path.setup(source)
     except BaseException as exc:
         return {**record, **_failure("setup", exc)}
+    # The garbage of importing torch and friends is collected once by any long-running program;
+    # left in place, the first full collection lands in whichever path's timed load allocates first.
+    gc.collect()
     record["import_seconds"] = time.perf_counter() - start
     if warm_source is not None and path.warm is not None:
         start = time.perf_counter()

@@ -24,6 +24,7 @@ __all__ = [
     "CheckpointTensor",
     "check_shape",
     "EagerTensor",
+    "FileSpan",
     "ReadStats",
     "RowPermutedTensor",
     "WeightStream",
@@ -40,13 +41,35 @@ class ReadStats:
 
     bytes_read: int = 0
     tensors_read: int = 0
+    bytes_mapped: int = 0
+    """Of ``bytes_read``, those that became parameter storage by mapping the file (no copy)."""
     _lock: threading.Lock = attrs.field(factory=threading.Lock, repr=False, eq=False)
 
-    def add(self, nbytes: int, tensors: int = 0) -> None:
-        """Count ``nbytes`` read from storage (and ``tensors`` finished tensors)."""
+    def add(self, nbytes: int, tensors: int = 0, *, mapped: int = 0) -> None:
+        """Count ``nbytes`` taken from storage, ``tensors`` finished, and of the bytes ``mapped`` (not copied)."""
         with self._lock:
             self.bytes_read += nbytes
             self.tensors_read += tensors
+            self.bytes_mapped += mapped
+
+
+@attrs.frozen
+class FileSpan:
+    """Where a tensor's values lie in a file, byte for byte as a contiguous torch tensor holds them.
+
+    A format returns one from :meth:`CheckpointTensor.file_span` when the
+    (narrowed) values are a single run of bytes in the file, stored in
+    :attr:`CheckpointTensor.dtype` in row-major order, little-endian. The core
+    can then make a CPU parameter's pages *be* the file's page cache instead
+    of copying (see :mod:`loader.mapped_parameters`).
+    """
+
+    path: str
+    offset: int
+    """Absolute offset of the first byte in the file."""
+    nbytes: int
+    stats: ReadStats | None = attrs.field(default=None, eq=False)
+    """Where the mapped bytes are counted, like the format's own reads."""
 
 
 def check_shape(loaded: CheckpointTensor, expected: Sequence[int], what: str = "") -> None:
@@ -125,6 +148,15 @@ class CheckpointTensor(abc.ABC):
     def check_destination(self, out: torch.Tensor) -> None:
         """Raise :class:`~loader.errors.ShapeMismatchError` unless ``out`` has this tensor's shape."""
         check_shape(self, out.shape)
+
+    def file_span(self) -> FileSpan | None:
+        """The values as one run of file bytes in :attr:`dtype`, or ``None`` (the default).
+
+        Formats whose stored bytes are exactly the tensor (safetensors, a
+        dim-0 narrow of it) override this so CPU loads can map instead of
+        copy; anything converted, packed, permuted or strided returns ``None``.
+        """
+        return None
 
     def read_into(self, out: torch.Tensor) -> None:
         """Write the values into ``out`` (same shape, any dtype, any device)."""

@@ -95,10 +95,15 @@ def watched(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("storage", ["copied", "mapped"])
 @pytest.mark.parametrize(("damage", "error"), [("last-shard-cut", CheckpointFormatError),
                                                ("tensor-missing", MissingWeightsError)])
 def test_failed_load_returns_memory_and_drops_the_model(tmp_path: Path, watched: dict[str, Any], damage: str,
-                                                        error: type[LoadError]) -> None:
+                                                        error: type[LoadError], storage: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # copied: every byte lands in fresh memory; mapped: parameters are the file's pages, populated only
+    # once every weight is in place (so a load cut short by a truncated shard never populated them)
+    monkeypatch.setenv("LOADER_MAP_WEIGHTS", "0" if storage == "copied" else "1")
     drop = "model.layers.9.mlp.down_proj.weight" if damage == "tensor-missing" else None
     size, last = _write_big_checkpoint(tmp_path / "big", drop=drop)
     if damage == "last-shard-cut":
@@ -116,7 +121,8 @@ def test_failed_load_returns_memory_and_drops_the_model(tmp_path: Path, watched:
     print(f"\n{damage}: model {size / 1e9:.2f} GB; RSS before {before / 1e6:.0f} MB, peak +{grew:.0f} MB, "
           f"after raise +{(after_raise - before) / 1e6:.0f} MB, after gc +{kept:.0f} MB")
     assert info.value is not None, "the caller still holds the exception and its traceback"
-    assert watched["peak"] - before > 0.6 * size, "the parameters were really allocated and filled"
+    if storage == "copied" or damage == "tensor-missing":
+        assert watched["peak"] - before > 0.6 * size, "the parameters were really allocated and filled"
     assert after_raise - before < 0.1 * size, f"{(after_raise - before) / 1e6:.0f} MB still held after the raise"
     assert after_gc - before < 0.1 * size
     assert watched["model"] is not None and watched["model"]() is None, "the half-loaded model is still alive"

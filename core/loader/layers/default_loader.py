@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..mapped_parameters import fill_parameter
 from ..weights import check_shape
 
 if TYPE_CHECKING:
@@ -23,4 +24,4 @@ def default_weight_loader(param: torch.Tensor, loaded: CheckpointTensor, shard_i
     if shard_id is not None:
         raise ValueError(f"parameter of shape {tuple(param.shape)} has no shards, got shard_id={shard_id!r}")
     check_shape(loaded, param.shape)
-    loaded.read_into(param.data)
+    fill_parameter(param, loaded)

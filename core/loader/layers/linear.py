@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from .. import distributed
+from ..mapped_parameters import fill_parameter
 from .default_loader import check_shape
 from .quantization import LinearMethodBase, UnquantizedLinearMethod
 
@@ -209,7 +210,7 @@ class LinearBase(nn.Module):
         narrowed, offset, size = self.shard_slice(param, loaded, shard_id)
         destination = param.data if output_dim is None else param.data.narrow(output_dim, offset, size)
         check_shape(narrowed, destination.shape, self.prefix or type(self).__name__)
-        narrowed.read_into(destination)
+        fill_parameter(param, narrowed, output_dim, offset)
 
     def _load_fused(self, param: torch.Tensor, loaded: CheckpointTensor, output_dim: int) -> None:
         pack = _pack_factor(param, output_dim)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import distributed
+from ..mapped_parameters import fill_parameter
 from .default_loader import check_shape
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ class VocabParallelEmbedding(nn.Module):
         output_dim = getattr(param, "output_dim", None)
         if output_dim is None:  # a per-tensor value some plugin attached
             check_shape(loaded, param.shape, self.prefix or type(self).__name__)
-            loaded.read_into(param.data)
+            fill_parameter(param, loaded)
             return
         expected = list(param.shape)
         expected[output_dim] = self.num_embeddings
@@ -85,7 +86,7 @@ class VocabParallelEmbedding(nn.Module):
         rows = self.real_rows
         if rows:
             mine = loaded.narrow(output_dim, self.vocab_start, rows)
-            mine.read_into(param.data.narrow(output_dim, 0, rows))
+            fill_parameter(param, mine, output_dim, 0)
         padding = param.shape[output_dim] - rows
         if padding:
             param.data.narrow(output_dim, rows, padding).zero_()

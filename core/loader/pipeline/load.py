@@ -19,6 +19,7 @@ import sys
 import time
 import traceback
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import attrs
@@ -28,6 +29,7 @@ from torch import nn
 from .. import distributed, hooks
 from ..context import ModelContext
 from ..errors import ConfigError, LoadError, PluginError, UnsupportedError
+from ..mapped_parameters import background_population
 from ..options import LoadOptions, parse_dtype
 from ..plugins import PluginHost, use_plugin_host
 from ..weights import CheckpointTensor, ReadStats
@@ -54,6 +56,8 @@ class LoadReport:
     tp_size: int
     seconds: float
     bytes_read: int
+    bytes_mapped: int
+    """Of ``bytes_read``, those mapped from the file's page cache rather than copied (CPU loads)."""
     checkpoint_bytes: int
     parameter_bytes: int
     peak_rss_bytes: int
@@ -68,6 +72,25 @@ class LoadReport:
         data["gb_per_second"] = round(self.gb_per_second, 3)
         data["seconds"] = round(self.seconds, 4)
         return data
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Hold off Python's cyclic garbage collector for the duration of a load.
+
+    Building a model allocates thousands of objects, which triggers full
+    collections that walk everything torch has imported: measured here, half
+    of a 1 GB load's time (0.18 s with the collector, 0.09 s without). The
+    load makes no garbage cycles worth collecting early; they are collected
+    afterwards (and at once on failure, see ``_load``).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _peak_rss_bytes() -> int:
@@ -194,7 +217,7 @@ def _guard_quantization_stream(method: str, stream: Iterable[tuple[str, Checkpoi
 def _load_weights(model: nn.Module, stream: Iterator[tuple[str, CheckpointTensor]], arch: str) -> set[str]:
     """``model.load_weights(stream)``; a bug in the model plugin becomes a :class:`PluginError` naming it."""
     try:
-        with torch.no_grad():
+        with torch.no_grad(), background_population():
             return model.load_weights(stream)  # type: ignore[operator, no-any-return]
     except LoadError:
         raise
@@ -212,10 +235,11 @@ def load_model_with_report(
     start = time.perf_counter()
     options = build_options(dtype=dtype, device=device, load_format=load_format, quantization=quantization,
                             revision=revision, quantization_options=quantization_options)
-    if host is not None:
-        with use_plugin_host(host):
-            return _load(source, options, dtype, progress, start, host)
-    return _load(source, options, dtype, progress, start, None)
+    with _collector_paused():
+        if host is not None:
+            with use_plugin_host(host):
+                return _load(source, options, dtype, progress, start, host)
+        return _load(source, options, dtype, progress, start, None)
 
 
 def _load(source: str, options: LoadOptions, dtype_arg: Any, progress: bool, start: float,
@@ -243,7 +267,7 @@ def _load(source: str, options: LoadOptions, dtype_arg: Any, progress: bool, sta
             if sharded:
                 from ..sharded.direct_load import load_by_name
 
-                with torch.no_grad():
+                with torch.no_grad(), background_population():
                     loaded = load_by_name(model, stream)
             else:
                 loaded = _load_weights(model, stream, arch)
@@ -258,7 +282,8 @@ def _load(source: str, options: LoadOptions, dtype_arg: Any, progress: bool, sta
             files=prepared.weight_format.files, dtype=str(dtype).removeprefix("torch."),
             device=str(options.device), quantization=quant_config.describe() if quant_config else None,
             tp_rank=options.tp_rank, tp_size=options.tp_size, seconds=time.perf_counter() - start,
-            bytes_read=stats.bytes_read, checkpoint_bytes=totals[0], parameter_bytes=parameter_bytes(model),
+            bytes_read=stats.bytes_read, bytes_mapped=stats.bytes_mapped, checkpoint_bytes=totals[0],
+            parameter_bytes=parameter_bytes(model),
             peak_rss_bytes=_peak_rss_bytes(), tensors=totals[1],
         )
         return model, report

@@ -1,10 +1,14 @@
 """Build a model on the ``meta`` device, then give it real storage on the target device.
 
 Building on ``meta`` costs nothing; materializing allocates every parameter
-once. On the CPU all parameters are carved from one arena advised for
-transparent huge pages, which makes first-touch page faults (the dominant
-cost of copying a checkpoint into fresh memory) about 8x cheaper. Parameter
-objects are kept (only ``.data`` changes), so ``weight_loader`` attributes survive.
+once. On the CPU, tensors of at least
+:func:`~loader.mapped_parameters.min_map_bytes` (1 MiB) get memory of their own, into
+which the checkpoint's file pages can be mapped (:mod:`loader.mapped_parameters`);
+the rest (and all of them with ``LOADER_MAP_WEIGHTS=0``) are carved from one
+arena. Both are advised for transparent huge pages, which makes first-touch
+page faults (the dominant cost of copying a checkpoint into fresh memory)
+about 8x cheaper. Parameter objects are kept (only ``.data`` changes), so
+``weight_loader`` attributes survive.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
+
+from ..mapped_parameters import mapping_enabled, min_map_bytes, own_region
 
 __all__ = ["default_dtype", "materialize", "parameter_bytes"]
 
@@ -88,12 +94,18 @@ def materialize(model: nn.Module, device: torch.device, *, arena: bool = True) -
     """
     entries = [e for e in _tensors(model) if e[1].device.type == "meta"]
     if device.type == "cpu" and arena and entries:
+        if mapping_enabled():
+            threshold = min_map_bytes()
+            large = [e for e in entries if e[1].numel() * e[1].element_size() >= threshold]
+            for owners, tensor, is_param in large:
+                _assign(owners, tensor, own_region(tensor.dtype, tuple(tensor.shape)), is_param)
+            entries = [e for e in entries if e[1].numel() * e[1].element_size() < threshold]
         sizes = [t.numel() * t.element_size() for _, t, _ in entries]
         offsets, total = [], 0
         for size in sizes:
             offsets.append(total)
             total += (size + _ALIGN - 1) // _ALIGN * _ALIGN
-        storage = _cpu_arena(total)
+        storage = _cpu_arena(total) if entries else torch.empty(0, dtype=torch.uint8)
         for (owners, tensor, is_param), offset, size in zip(entries, offsets, sizes, strict=True):
             view = storage[offset:offset + size].view(tensor.dtype).view(tensor.shape)
             _assign(owners, tensor, view, is_param)
@@ -111,6 +123,8 @@ def _assign(owners: list[tuple[nn.Module, str]], old: torch.Tensor, new: torch.T
     if is_param:
         param = nn.Parameter(new, requires_grad=old.requires_grad)
         param.__dict__.update(old.__dict__)
+        if hasattr(new, "_loader_region"):  # memory of its own, which a checkpoint file may be mapped into
+            param._loader_region = new._loader_region  # type: ignore[attr-defined]
         for module, name in owners:
             module._parameters[name] = param
     else:

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ..errors import UnexpectedWeightError
+from ..mapped_parameters import fill_parameter
 from ..weights import CheckpointTensor
 
 __all__ = ["load_by_name"]
@@ -26,6 +27,6 @@ def load_by_name(model: nn.Module, weights: Iterable[tuple[str, CheckpointTensor
                 f"{tensor.describe()}: the model has no parameter {name!r} (was the state saved from another "
                 "model or loader version?)"
             )
-        tensor.read_into(target.data)
+        fill_parameter(target, tensor)
         filled.add(name)
     return filled

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from loader.weights import CheckpointTensor, ReadStats
+from loader.weights import CheckpointTensor, FileSpan, ReadStats
 
 from .byte_layout import ByteLayout, layout_of
 from .dtypes import torch_dtype_of
@@ -67,6 +67,13 @@ class SafetensorsTensor(CheckpointTensor):
     def layout(self) -> ByteLayout:
         """The file bytes this view needs (absolute offsets)."""
         return layout_of(self.info.begin, self.info.shape, self.info.dtype.itemsize, self.view)
+
+    def file_span(self) -> FileSpan | None:
+        """The view's bytes when they are one run (the whole tensor, or a narrow of its leading dims)."""
+        layout = self.layout()
+        if not layout.contiguous:
+            return None
+        return FileSpan(self.file, layout.offset, layout.nbytes, self.stats)
 
     def narrow(self, dim: int, start: int, length: int) -> SafetensorsTensor:
         dim = self._check_narrow(dim, start, length)
