@@ -33,6 +33,8 @@ def run_load(args: argparse.Namespace) -> int:
     if report.tp_size > 1:
         print(f"  tensor parallel rank {report.tp_rank} of {report.tp_size}")
     print(f"  read           {format_bytes(report.bytes_read)} of {format_bytes(report.checkpoint_bytes)}")
+    if report.bytes_mapped:
+        print(f"  mapped         {format_bytes(report.bytes_mapped)} (page cache pages, not copied)")
     print(f"  seconds        {report.seconds:.3f}  ({report.gb_per_second:.2f} GB/s)")
     print(f"  peak RSS       {format_bytes(report.peak_rss_bytes)}")
     return 0

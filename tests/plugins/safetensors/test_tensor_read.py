@@ -305,3 +305,25 @@ def test_read_into_cuda_through_pinned_double_buffers(matrix_file, small_thresho
     handle.read_into(strided)
     assert _same(strided.cpu().contiguous(), source.to(dtype))
     assert stats.bytes_read == 2 * handle.nbytes and stats.tensors_read == 2
+
+
+def test_file_span_is_the_bytes_of_a_whole_tensor_or_a_leading_dim_narrow(matrix_file):
+    path, tensors = matrix_file
+    stats = ReadStats()
+    handle = open_checkpoint_file(path, stats).tensor("cube")
+    cube = tensors["cube"]
+    raw = path.read_bytes()
+
+    def span_bytes(span):
+        return raw[span.offset:span.offset + span.nbytes]
+
+    whole, rows = handle.file_span(), handle.narrow(0, 2, 3).file_span()
+    one_row_part = handle.narrow(0, 2, 1).narrow(1, 4, 6).file_span()  # inside one dim-0 slice: still one run
+
+    assert whole is not None and rows is not None and one_row_part is not None
+    assert whole.path == str(path) and whole.stats is stats
+    assert span_bytes(whole) == cube.numpy().tobytes()
+    assert span_bytes(rows) == cube[2:5].numpy().tobytes()
+    assert span_bytes(one_row_part) == cube[2:3, 4:10].numpy().tobytes()
+    assert handle.narrow(1, 4, 6).file_span() is None  # rows of 6 out of 10: strided
+    assert handle.narrow(2, 0, 6).file_span() is None

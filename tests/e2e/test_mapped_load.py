@@ -1,0 +1,128 @@
+"""Whole loads whose CPU parameters are mapped from the safetensors files: same values as copying, byte for byte.
+
+The tiny checkpoints have no tensor of 1 MiB, so ``LOADER_MAP_MIN_BYTES`` is
+lowered to map every tensor of 4 KiB or more.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+import loader
+from loader import distributed
+from loader.mapped_parameters import is_file_backed
+from loader.sharded.save import save_sharded
+from tests.helpers.hf_checkpoints import save_checkpoint, tiny_config
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mapping is Linux-only")
+
+
+@pytest.fixture(scope="module")
+def bf16_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("llama-bf16")
+    # hidden 128: rows of 256 bytes, so narrowed and fused parts stay congruent to their files
+    save_checkpoint("llama", path, config=tiny_config("llama", hidden_size=128, intermediate_size=256),
+                    dtype=torch.bfloat16, max_shard_size="200KB")
+    return path
+
+
+def _load(path: Path, monkeypatch: pytest.MonkeyPatch, *, mapped: bool, **kwargs: object
+          ) -> tuple[torch.nn.Module, loader.LoadReport]:
+    monkeypatch.setenv("LOADER_MAP_WEIGHTS", "1" if mapped else "0")
+    monkeypatch.setenv("LOADER_MAP_MIN_BYTES", "4096")
+    return loader.load_model_with_report(str(path), **kwargs)  # type: ignore[arg-type]
+
+
+def _file_tensors(path: Path) -> dict[str, torch.Tensor]:
+    found: dict[str, torch.Tensor] = {}
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
+                found[name] = handle.get_tensor(name)
+    return found
+
+
+def _same_state(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    left, right = a.state_dict(), b.state_dict()
+    assert left.keys() == right.keys()
+    for name, value in left.items():
+        assert torch.equal(value, right[name]), name
+
+
+def test_mapped_parameters_hold_the_files_bytes(bf16_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, report = _load(bf16_llama, monkeypatch, mapped=True, dtype="bfloat16")
+    files = _file_tensors(bf16_llama)
+    params = dict(model.named_parameters())
+
+    assert report.bytes_mapped > 0.8 * report.bytes_read  # the rest: norms, pages shared by fused parts
+    layer = "model.layers.1"
+    qkv = params[f"{layer}.self_attn.qkv_proj.weight"]
+    assert is_file_backed(qkv)
+    expected_qkv = torch.cat([files[f"{layer}.self_attn.{p}_proj.weight"] for p in "qkv"])
+    assert torch.equal(qkv, expected_qkv)
+    gate_up = torch.cat([files[f"{layer}.mlp.{p}_proj.weight"] for p in ("gate", "up")])
+    assert torch.equal(params[f"{layer}.mlp.gate_up_proj.weight"], gate_up)
+    for name in ("model.embed_tokens.weight", f"{layer}.self_attn.o_proj.weight", f"{layer}.mlp.down_proj.weight"):
+        assert torch.equal(params[name], files[name]), name
+
+
+def test_mapped_and_copied_loads_agree_and_generate_the_same(bf16_llama: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    mapped, mapped_report = _load(bf16_llama, monkeypatch, mapped=True, dtype="bfloat16")
+    copied, copied_report = _load(bf16_llama, monkeypatch, mapped=False, dtype="bfloat16")
+
+    _same_state(mapped, copied)
+    assert copied_report.bytes_mapped == 0
+    assert mapped_report.bytes_read == copied_report.bytes_read
+    ids = torch.tensor([[1, 5, 9, 2]])
+    assert torch.equal(mapped(ids), copied(ids))
+
+
+def test_another_dtype_is_converted_not_mapped(bf16_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, report = _load(bf16_llama, monkeypatch, mapped=True, dtype="float32")
+    files = _file_tensors(bf16_llama)
+
+    assert report.bytes_mapped == 0
+    name = "model.layers.0.mlp.down_proj.weight"
+    assert torch.equal(dict(model.named_parameters())[name], files[name].to(torch.float32))
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_each_tp_rank_maps_its_own_rows(bf16_llama: Path, monkeypatch: pytest.MonkeyPatch, rank: int) -> None:
+    with distributed.simulated_tp(rank, 2):
+        mapped, mapped_report = _load(bf16_llama, monkeypatch, mapped=True, dtype="bfloat16")
+        copied, copied_report = _load(bf16_llama, monkeypatch, mapped=False, dtype="bfloat16")
+
+    _same_state(mapped, copied)
+    assert 0 < mapped_report.bytes_mapped < mapped_report.bytes_read  # row-parallel halves are strided: read
+    assert mapped_report.bytes_read == copied_report.bytes_read
+
+
+def test_sharded_state_is_mapped_whole(bf16_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    save_sharded(str(bf16_llama), tmp_path / "tp1", tp_size=1, dtype="bfloat16")
+    sharded, report = _load(tmp_path / "tp1", monkeypatch, mapped=True, dtype="bfloat16")
+    copied, _ = _load(bf16_llama, monkeypatch, mapped=False, dtype="bfloat16")
+
+    assert report.load_format == "sharded_state"
+    assert report.bytes_mapped > 0.8 * report.bytes_read  # the rest: norms, pages shared by fused parts
+    _same_state(sharded, copied)
+
+
+def test_load_json_reports_the_mapped_bytes(bf16_llama: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from loader.cli.main import main
+
+    monkeypatch.setenv("LOADER_MAP_MIN_BYTES", "4096")
+    assert main(["load", str(bf16_llama), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert 0.8 * report["bytes_read"] < report["bytes_mapped"] <= report["bytes_read"]
+
+    assert main(["load", str(bf16_llama)]) == 0
+    assert "page cache pages, not copied" in capsys.readouterr().out
