@@ -91,3 +91,21 @@ def test_split_set_loads_like_the_single_file(tmp_path, tiny_gguf):
         from_parts = loader.load_model(str(tmp_path), dtype="float32")(ids)
         from_file = loader.load_model(str(single), dtype="float32")(ids)
     assert torch.equal(from_parts, from_file)
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.F16])
+def test_float_tensors_in_the_load_dtype_are_mapped_not_copied(tiny_gguf, monkeypatch, qtype):
+    path, _ = tiny_gguf("llama", qtype, rope_scaling=None)
+    dtype = "float32" if qtype == Q.F32 else "float16"
+    monkeypatch.setenv("LOADER_MAP_MIN_BYTES", "4096")
+    monkeypatch.setenv("LOADER_MAP_WEIGHTS", "1")
+    mapped, report = loader.load_model_with_report(str(path), dtype=dtype)
+    monkeypatch.setenv("LOADER_MAP_WEIGHTS", "0")
+    copied, copied_report = loader.load_model_with_report(str(path), dtype=dtype)
+
+    assert report.bytes_mapped > 0 and copied_report.bytes_mapped == 0  # q/k (rotary permuted) are read
+    for (name, a), (_, b) in zip(mapped.state_dict().items(), copied.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    ids = torch.arange(10).view(1, 10)
+    with torch.no_grad():
+        assert torch.equal(mapped(ids), copied(ids))

@@ -142,3 +142,23 @@ def test_non_cpu_destination_gets_packed_bytes_and_device_kernels(gguf_file, nam
     out = torch.empty(8, COLS - 256, device="meta")
     handle(path, name, stats).narrow(0, 8, 8).narrow(1, 256, COLS - 256).read_into(out)
     assert stats.bytes_read == handle(path, name).nbytes // 4
+
+
+@pytest.mark.parametrize("name", ["F32.weight", "F16.weight", "BF16.weight", "norm.weight"])
+def test_file_span_of_float_rows_is_their_stored_bytes(gguf_file, name):
+    path, _ = gguf_file
+    full = handle(path, name)
+    raw = path.read_bytes()
+    rows = full if full.ndim == 1 else full.narrow(0, 4, 8)
+    span = rows.file_span()
+    assert span is not None and span.path == str(path)
+    stored = torch.frombuffer(bytearray(raw[span.offset:span.offset + span.nbytes]), dtype=rows.dtype)
+    assert torch.equal(stored.view(rows.shape), rows.read())
+
+
+@pytest.mark.parametrize(("name", "narrow"), [("Q8_0.weight", False), ("Q4_K.weight", False),
+                                              ("F16.weight", True)])
+def test_blocks_and_column_windows_have_no_file_span(gguf_file, name, narrow):
+    path, _ = gguf_file
+    tensor = handle(path, name)
+    assert (tensor.narrow(1, 0, COLS // 2) if narrow else tensor).file_span() is None

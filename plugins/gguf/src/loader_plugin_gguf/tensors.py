@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 
 from loader.errors import CheckpointFormatError, UnsupportedError
-from loader.weights import CheckpointTensor, ReadStats
+from loader.weights import CheckpointTensor, FileSpan, ReadStats
 
-from .dequantize import SUPPORTED_TYPES, block_shape, dequantize_into, is_supported, natural_dtype
+from .dequantize import FLOAT_TYPES, SUPPORTED_TYPES, block_shape, dequantize_into, is_supported, natural_dtype
 from .header import TensorInfo
 
 __all__ = ["GGUFTensor", "MappedFile"]
@@ -114,6 +114,20 @@ class GGUFTensor(CheckpointTensor):
             return self._with(row_start=self._row_start + start, rows=length)
         raise UnsupportedError(f"{self.describe()}: narrowing dim {dim} of a {len(self.info.shape)}-d "
                                "GGUF tensor is not supported")
+
+    def file_span(self) -> FileSpan | None:
+        """For float types (F32, F16, BF16) with whole rows: the window's bytes, which are the tensor as stored.
+
+        GGUF's dims are innermost-first, so its rows are torch's row-major rows; blocks of quantized
+        types and column windows are not one run of ``dtype`` values, and get ``None``.
+        """
+        full = self.info.shape
+        if self.info.ggml_type not in FLOAT_TYPES or self._col_start != 0 or self._cols != full[-1]:
+            return None
+        if len(full) == 1:
+            return FileSpan(self.file, self.info.offset, self.info.nbytes, self.stats)
+        per_row = self.info.nbytes // full[0]
+        return FileSpan(self.file, self.info.offset + self._row_start * per_row, self._rows * per_row, self.stats)
 
     def _check_type(self) -> None:
         if not is_supported(self.info.ggml_type):
