@@ -64,6 +64,7 @@ __all__ = [
     "mapping_enabled",
     "min_map_bytes",
     "own_region",
+    "region_budget",
 ]
 
 MAP_WEIGHTS_ENV = "LOADER_MAP_WEIGHTS"
@@ -118,6 +119,28 @@ def min_map_bytes() -> int:
     """Tensors at least this large get a region of their own and may be mapped (``LOADER_MAP_MIN_BYTES``)."""
     configured = os.environ.get(MIN_MAP_BYTES_ENV, "").strip()
     return int(configured) if configured.isdigit() else MIN_MAP_BYTES
+
+
+_MAPS_PER_REGION = 8
+"""Memory maps a region can end up split into: the region, a few mapped parts, the small pages between."""
+
+
+def region_budget() -> int:
+    """How many tensors may get a region of their own without running into ``vm.max_map_count``.
+
+    Every mapped part and every page advised apart splits the region's memory
+    map; a checkpoint with tens of thousands of large tensors (a mixture of
+    experts) would otherwise exhaust the kernel's per-process limit (65530 by
+    default), and every ``mmap`` after that fails. Half of what is left is used.
+    """
+    try:
+        with open("/proc/sys/vm/max_map_count", encoding="ascii") as fh:
+            limit = int(fh.read().strip())
+        with open("/proc/self/maps", "rb") as fh:
+            used = sum(1 for _ in fh)
+    except (OSError, ValueError):
+        return 1 << 30
+    return max(0, (limit - used) // 2 // _MAPS_PER_REGION)
 
 
 class _Region:

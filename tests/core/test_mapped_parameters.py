@@ -295,3 +295,19 @@ def test_values_at_an_odd_offset_are_read_not_mapped(tmp_path: Path) -> None:
     mp.fill_parameter(param, RawFileTensor(tmp_path / "w.bin", offset, (32, 1024), torch.bfloat16))
 
     assert torch.equal(param.data, weight) and not mp.is_file_backed(param)
+
+
+def test_within_the_memory_map_budget_the_largest_tensors_get_regions(monkeypatch: pytest.MonkeyPatch) -> None:
+    from loader.pipeline import materialize as materialize_module
+
+    monkeypatch.setattr(materialize_module, "region_budget", lambda: 2)
+    model = _materialized((8, 1024), (64, 1024), (16, 1024), (32, 1024))
+
+    with_region = [getattr(p, "_loader_region", None) is not None for p in model.params]
+    assert with_region == [False, True, False, True]
+
+
+def test_the_budget_leaves_room_under_the_kernels_map_limit() -> None:
+    with open("/proc/sys/vm/max_map_count", encoding="ascii") as fh:
+        limit = int(fh.read())
+    assert 0 < mp.region_budget() * 8 <= limit // 2

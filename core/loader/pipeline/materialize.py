@@ -21,7 +21,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from ..mapped_parameters import mapping_enabled, min_map_bytes, own_region
+from ..mapped_parameters import mapping_enabled, min_map_bytes, own_region, region_budget
 
 __all__ = ["default_dtype", "materialize", "parameter_bytes"]
 
@@ -95,11 +95,7 @@ def materialize(model: nn.Module, device: torch.device, *, arena: bool = True) -
     entries = [e for e in _tensors(model) if e[1].device.type == "meta"]
     if device.type == "cpu" and arena and entries:
         if mapping_enabled():
-            threshold = min_map_bytes()
-            large = [e for e in entries if e[1].numel() * e[1].element_size() >= threshold]
-            for owners, tensor, is_param in large:
-                _assign(owners, tensor, own_region(tensor.dtype, tuple(tensor.shape)), is_param)
-            entries = [e for e in entries if e[1].numel() * e[1].element_size() < threshold]
+            entries = _give_regions(entries)
         sizes = [t.numel() * t.element_size() for _, t, _ in entries]
         offsets, total = [], 0
         for size in sizes:
@@ -116,6 +112,18 @@ def materialize(model: nn.Module, device: torch.device, *, arena: bool = True) -
         init = getattr(module, "init_buffers", None)
         if callable(init):
             init(device)
+
+
+def _give_regions(entries: list[tuple[list[tuple[nn.Module, str]], torch.Tensor, bool]]
+                  ) -> list[tuple[list[tuple[nn.Module, str]], torch.Tensor, bool]]:
+    """Give the large tensors memory of their own (the largest first, within the budget); return the rest."""
+    threshold = min_map_bytes()
+    large = sorted((e for e in entries if e[1].numel() * e[1].element_size() >= threshold),
+                   key=lambda e: e[1].numel() * e[1].element_size(), reverse=True)[:region_budget()]
+    chosen = {id(e[1]) for e in large}
+    for owners, tensor, is_param in large:
+        _assign(owners, tensor, own_region(tensor.dtype, tuple(tensor.shape)), is_param)
+    return [e for e in entries if id(e[1]) not in chosen]
 
 
 def _assign(owners: list[tuple[nn.Module, str]], old: torch.Tensor, new: torch.Tensor, is_param: bool) -> None:
