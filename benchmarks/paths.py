@@ -68,11 +68,22 @@ def _run_loader(source: Path, state: Any, load_format: str = "auto") -> dict[str
     return {"pages_touched": pages, "bytes_read": report.bytes_read,
             "checkpoint_bytes": report.checkpoint_bytes, "parameter_bytes": report.parameter_bytes,
             "loader_seconds": report.seconds, "tp_rank": report.tp_rank, "tp_size": report.tp_size,
+            "bytes_mapped": report.bytes_mapped,
             "load_format": report.load_format}
 
 
 def loader_load_model(source: Path, state: Any) -> dict[str, Any]:
     """(a) ``loader.load_model_with_report(path, dtype="bfloat16")``, pages touched."""
+    return _run_loader(source, state)
+
+
+def _setup_loader_copying(source: Path) -> None:
+    os.environ["LOADER_MAP_WEIGHTS"] = "0"
+    _setup_loader(source)
+
+
+def loader_copying(source: Path, state: Any) -> dict[str, Any]:
+    """(a') the same with ``LOADER_MAP_WEIGHTS=0``: every byte copied into fresh memory, none mapped."""
     return _run_loader(source, state)
 
 
@@ -225,6 +236,8 @@ PATHS: dict[str, MeasuredPath] = {
     path.name: path
     for path in (
         MeasuredPath("loader", "loader.load_model", _setup_loader, loader_load_model, loader_load_model),
+        MeasuredPath("loader_copy", "loader.load_model, LOADER_MAP_WEIGHTS=0 (copying)", _setup_loader_copying,
+                     loader_copying, loader_copying),
         MeasuredPath("transformers", "transformers.from_pretrained", _setup_transformers,
                      transformers_from_pretrained, transformers_from_pretrained),
         MeasuredPath("vllm_loop", "vLLM-style loop (meta + safe_open + copy_)", _setup_vllm_loop,

@@ -46,7 +46,7 @@ from benchmarks.runner import REPO_ROOT, child_env, run_path
 
 BENCH_DIR = Path(__file__).resolve().parent
 READ_PATHS = "read_paths"
-SINGLE_PROCESS = ("loader", "transformers", "vllm_loop", "floor")
+SINGLE_PROCESS = ("loader", "loader_copy", "transformers", "vllm_loop", "floor")
 TP_PATHS = ("loader_tp2", "sharded_tp2")
 
 
