@@ -47,6 +47,32 @@ def _file_tensors(path: Path) -> dict[str, torch.Tensor]:
     return found
 
 
+_FUSED = {"self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                        "self_attn.v_proj.weight"),
+          "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")}
+
+
+def _expected(name: str, files: dict[str, torch.Tensor]) -> torch.Tensor:
+    """What parameter ``name`` must hold: the file's tensor, or the file's parts stacked for a fused one."""
+    for fused, parts in _FUSED.items():
+        if name.endswith(fused):
+            prefix = name[: -len(fused)]
+            return torch.cat([files[prefix + part] for part in parts])
+    return files[name if name in files else "model.embed_tokens.weight"]  # a tied lm_head
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+def test_every_parameter_equals_the_files_values_in_the_target_dtype(bf16_llama: Path, dtype: torch.dtype,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    model, report = _load(bf16_llama, monkeypatch, mapped=True, dtype=str(dtype).removeprefix("torch."))
+    files = _file_tensors(bf16_llama)
+
+    assert (report.bytes_mapped > 0) == (dtype == torch.bfloat16)
+    for name, param in model.named_parameters():
+        assert param.dtype == dtype
+        assert torch.equal(param, _expected(name, files).to(dtype)), name
+
+
 def _same_state(a: torch.nn.Module, b: torch.nn.Module) -> None:
     left, right = a.state_dict(), b.state_dict()
     assert left.keys() == right.keys()
