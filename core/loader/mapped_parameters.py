@@ -46,10 +46,11 @@ import os
 import sys
 import threading
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .errors import CheckpointFormatError, LoadError
+from .io_pool import run_in_pool
 
 if TYPE_CHECKING:
     import torch
@@ -347,28 +348,6 @@ def _pread_exact(fd: int, address: int, length: int, offset: int, loaded: Checkp
 
 _POPULATE_CHUNK = 32 << 20
 _scope = threading.local()
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _forget_pool_in_child() -> None:
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool_in_child)
-
-
-def _population_pool() -> ThreadPoolExecutor:
-    """Threads: ``LOADER_READ_THREADS`` if set, else the CPU count capped at 8 (as the readers use)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            configured = os.environ.get("LOADER_READ_THREADS", "").strip()
-            threads = int(configured) if configured.isdigit() and int(configured) > 0 else min(8, os.cpu_count() or 1)
-            _pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="loader-populate")
-        return _pool
 
 
 @contextlib.contextmanager
@@ -389,21 +368,10 @@ def background_population() -> Iterator[None]:
 
 
 def _populate_all(ranges: list[tuple[int, int, CheckpointTensor]]) -> None:
-    pieces = [(start, min(_POPULATE_CHUNK, address + length - start), loaded)
-              for address, length, loaded in ranges
-              for start in range(address, address + length, _POPULATE_CHUNK)]
-    if len(pieces) < 2:
-        for piece in pieces:
-            _populate(*piece)
-        return
-    futures: list[Future[None]] = [_population_pool().submit(_populate, *piece) for piece in pieces]
-    error: BaseException | None = None
-    for future in futures:
-        exc = future.exception()
-        if exc is not None and error is None:
-            error = exc
-    if error is not None:
-        raise error
+    """Populate ``ranges`` in pieces of :data:`_POPULATE_CHUNK` on the shared I/O pool."""
+    run_in_pool([partial(_populate, start, min(_POPULATE_CHUNK, address + length - start), loaded)
+                 for address, length, loaded in ranges
+                 for start in range(address, address + length, _POPULATE_CHUNK)])
 
 
 def _populate_soon(address: int, length: int, loaded: CheckpointTensor) -> None:

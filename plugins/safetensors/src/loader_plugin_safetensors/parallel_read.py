@@ -13,8 +13,7 @@ Three strategies, chosen from the layout alone:
   more than the copy (measured here, warm cache: 1 KiB rows 1.2 GB/s with one
   ``preadv`` each vs 9 GB/s from a map; 16 KiB rows 8 vs 14 GB/s).
 
-Two threads read a warm 200 MB range at ~22 GB/s here against ~17 GB/s for one.
-The pool is rebuilt in a forked child (the parent's threads do not exist there).
+The threads are the core's shared pool (:mod:`loader.io_pool`, ``LOADER_READ_THREADS``).
 
 The caller counts bytes; this module only moves them. A file that ends before
 the bytes the header promised raises :class:`~loader.errors.CheckpointFormatError`.
@@ -26,14 +25,15 @@ import contextlib
 import itertools
 import mmap
 import os
-import threading
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator
 from functools import partial
 
 import numpy as np
 
 from loader.errors import CheckpointFormatError
+from loader.io_pool import io_pool as read_pool
+from loader.io_pool import io_threads as read_threads
+from loader.io_pool import run_in_pool
 
 from .byte_layout import ByteLayout
 
@@ -56,74 +56,6 @@ PARALLEL_MIN_BYTES = 16 << 20
 
 SEGMENT_PREAD_MIN_BYTES = 256 << 10
 """Segments at least this long are read with ``preadv``; shorter ones are gathered from a memory map."""
-
-_pool: ThreadPoolExecutor | None = None
-_pool_threads = 0
-_pool_lock = threading.Lock()
-_in_pool = threading.local()
-
-
-def _forget_pool_in_child() -> None:
-    """A forked child has none of the parent's threads: start over with a new pool and lock."""
-    global _pool, _pool_threads, _pool_lock
-    _pool, _pool_threads, _pool_lock = None, 0, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool_in_child)
-
-
-def read_threads() -> int:
-    """Threads in the read pool: ``LOADER_READ_THREADS`` if set, else the CPU count capped at 8."""
-    configured = os.environ.get("LOADER_READ_THREADS", "").strip()
-    if configured.isdigit() and int(configured) > 0:
-        return int(configured)
-    return max(1, min(8, os.cpu_count() or 1))
-
-
-def _mark_pool_thread() -> None:
-    _in_pool.active = True
-
-
-def read_pool() -> ThreadPoolExecutor | None:
-    """The shared pool, or ``None`` when reads should stay on the calling thread.
-
-    ``None`` inside a pool thread (a task that splits its read again would wait
-    on tasks queued behind itself) and when only one thread is configured.
-    """
-    global _pool, _pool_threads
-    if getattr(_in_pool, "active", False):
-        return None
-    threads = read_threads()
-    if threads < 2:
-        return None
-    with _pool_lock:
-        if _pool is None or _pool_threads != threads:
-            if _pool is not None:
-                _pool.shutdown(wait=False)
-            _pool = ThreadPoolExecutor(
-                max_workers=threads, thread_name_prefix="loader-read", initializer=_mark_pool_thread
-            )
-            _pool_threads = threads
-        return _pool
-
-
-def run_in_pool(tasks: list[Callable[[], None]]) -> None:
-    """Run ``tasks`` on the pool (or inline without one) and re-raise the first failure."""
-    pool = read_pool() if len(tasks) > 1 else None
-    if pool is None:
-        for task in tasks:
-            task()
-        return
-    futures: list[Future[None]] = [pool.submit(task) for task in tasks]
-    error: BaseException | None = None
-    for future in futures:
-        exc = future.exception()
-        if exc is not None and error is None:
-            error = exc
-    if error is not None:
-        raise error
-
 
 def truncated_error(path: str, what: str, offset: int, wanted_end: int) -> CheckpointFormatError:
     """The error for a file that ends before the bytes its header promised."""
