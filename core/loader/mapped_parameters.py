@@ -150,11 +150,12 @@ def region_budget() -> int:
 class _Region:
     """A tensor's own memory: ``memory`` spans the tensor plus 2 MiB, so its start can still move."""
 
-    __slots__ = ("memory", "placed")
+    __slots__ = ("mapped", "memory", "placed")
 
     def __init__(self, memory: torch.Tensor) -> None:
         self.memory = memory
-        self.placed = False
+        self.placed = False  # where the tensor starts is decided (it moved, or could not)
+        self.mapped = False  # some checkpoint bytes are file pages
 
 
 def own_region(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -186,7 +187,7 @@ def own_region(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
 def is_file_backed(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` was given its own region and had checkpoint bytes mapped into it."""
     region = getattr(tensor, "_loader_region", None)
-    return isinstance(region, _Region) and region.placed
+    return isinstance(region, _Region) and region.mapped
 
 
 def fill_parameter(param: torch.Tensor, loaded: CheckpointTensor, dim: int | None = None, offset: int = 0) -> None:
@@ -239,8 +240,10 @@ def map_into_parameter(param: torch.Tensor, loaded: CheckpointTensor, dim: int |
     data_end = data.data_ptr() + data.numel() * data.element_size()
     # Around the parameter lies slack of its own region: a partial first or last page can be mapped
     # whole. Between two parts of a fused parameter it holds bytes of the other part: it is read.
-    return _map_span(start, span, loaded, whole_first_page=start == data.data_ptr(),
-                     whole_last_page=end == data_end)
+    mapped = _map_span(start, span, loaded, whole_first_page=start == data.data_ptr(),
+                       whole_last_page=end == data_end)
+    region.mapped = region.mapped or mapped
+    return mapped
 
 
 def _untouched(memory: torch.Tensor) -> bool:

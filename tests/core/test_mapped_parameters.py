@@ -172,6 +172,7 @@ def test_a_parameter_already_written_does_not_move(tmp_path: Path) -> None:
 
     assert param.data_ptr() == address
     assert torch.equal(param.data, torch.cat([q, k]))
+    assert not mp.is_file_backed(param), "k was not congruent where the parameter stayed: it was read"
 
 
 def test_what_cannot_be_mapped_is_read(tmp_path: Path) -> None:
