@@ -63,7 +63,7 @@ def test_output_folder_must_be_empty(llama_checkpoint: Path, tmp_path: Path) -> 
 
 
 def _torchrun(source: Path, load_format: str, prefix: Path) -> list[tuple[torch.Tensor, dict]]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                     str(WORKER), str(source), load_format, str(prefix)],
                    check=True, env=env, timeout=240, capture_output=True)

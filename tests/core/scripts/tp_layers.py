@@ -28,6 +28,7 @@ from loader.layers import (
 )
 from loader.weights import EagerTensor
 from tests.helpers.recording_tensor import RecordingTensor
+from tests.helpers.torchrun_exit import exit_rank
 
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD, VOCAB = 16, 24, 4, 1, 4, 70
 TOLERANCE = 1e-5
@@ -102,4 +103,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_rank(main())

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 import loader
+from tests.helpers.torchrun_exit import exit_rank
 
 
 def main() -> None:
@@ -27,3 +28,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_rank(0)

@@ -19,6 +19,7 @@ import torch
 from loader.errors import LoadError
 from loader.pipeline.load import load_model_with_report
 from tests.helpers.model_checks import random_ids
+from tests.helpers.torchrun_exit import exit_rank
 
 
 def main(out: Path, checkpoints: list[str]) -> None:
@@ -45,3 +46,4 @@ def main(out: Path, checkpoints: list[str]) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), sys.argv[2:])
+    exit_rank(0)

@@ -18,6 +18,7 @@ import torch
 from loader.errors import LoadError
 from loader.pipeline.load import load_model_with_report
 from tests.helpers.model_checks import random_ids
+from tests.helpers.torchrun_exit import exit_rank
 
 
 def main(out: Path, cases_file: Path) -> None:
@@ -40,3 +41,4 @@ def main(out: Path, cases_file: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), Path(sys.argv[2]))
+    exit_rank(0)

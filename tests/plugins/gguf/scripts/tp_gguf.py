@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from loader.pipeline.load import load_model_with_report
+from tests.helpers.torchrun_exit import exit_rank
 
 
 def main(out: Path, files: list[str]) -> None:
@@ -34,3 +35,4 @@ def main(out: Path, files: list[str]) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), sys.argv[2:])
+    exit_rank(0)
