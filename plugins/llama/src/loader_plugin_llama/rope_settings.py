@@ -15,18 +15,11 @@ from typing import Any
 import attrs
 
 from loader.errors import ConfigError, UnsupportedError
+from loader.layers.rotary_embedding import ROPE_SCALING_FIELDS
 
 from .config_fields import ConfigFields
 
-__all__ = ["SUPPORTED_ROPE_TYPES", "RopeSettings", "read_rope_settings"]
-
-#: scaling kinds the core's rotary embedding implements, with the keys each needs.
-SUPPORTED_ROPE_TYPES: dict[str, tuple[str, ...]] = {
-    "default": (),
-    "linear": ("factor",),
-    "dynamic": ("factor",),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-}
+__all__ = ["RopeSettings", "read_rope_settings"]
 
 _INTEGER_KEYS = ("original_max_position_embeddings",)
 
@@ -47,17 +40,17 @@ def _scaling_kind(fields: ConfigFields, field: str, params: Mapping[str, Any]) -
     kind = params.get("rope_type", params.get("type", "default"))
     if not isinstance(kind, str):
         raise fields.error(f"{field}.rope_type", "a string", kind)
-    if kind not in SUPPORTED_ROPE_TYPES:
+    if kind not in ROPE_SCALING_FIELDS:
         raise UnsupportedError(
             f"{fields.what}: config field '{field}.rope_type' is {kind!r}; supported rotary scalings are "
-            + ", ".join(repr(k) for k in SUPPORTED_ROPE_TYPES)
+            + ", ".join(repr(k) for k in ROPE_SCALING_FIELDS)
         )
     return kind
 
 
 def _scaling_params(fields: ConfigFields, field: str, kind: str, params: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"rope_type": kind}
-    for key in SUPPORTED_ROPE_TYPES[kind]:
+    for key in ROPE_SCALING_FIELDS[kind]:
         if params.get(key) is None:
             raise ConfigError(f"{fields.what}: config field '{field}.{key}' is required for "
                               f"rope_type {kind!r} but missing")
