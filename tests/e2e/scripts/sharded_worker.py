@@ -23,7 +23,6 @@ def main() -> None:
     with open(f"{out_prefix}-rank{rank}.json", "w") as fh:
         json.dump(report.to_json(), fh)
     dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -40,8 +40,6 @@ def main(out: Path, checkpoints: list[str]) -> None:
             "checkpoint_bytes": report.checkpoint_bytes, "tp_size": report.tp_size,
         }
     (out / f"rank{rank}.json").write_text(json.dumps(results))
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -35,8 +35,6 @@ def main(out: Path, cases_file: Path) -> None:
             torch.save(model(random_ids(model.config.vocab_size)), out / f"{name}-rank{rank}.pt")
         results[name] = {"tp_size": report.tp_size}
     (out / f"rank{rank}.json").write_text(json.dumps(results))
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

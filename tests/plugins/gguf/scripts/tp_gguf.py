@@ -29,8 +29,6 @@ def main(out: Path, files: list[str]) -> None:
         torch.save(logits, saved)
         results[file] = {"logits": str(saved), "bytes_read": report.bytes_read, "tp_size": report.tp_size}
     (out / f"rank{rank}.json").write_text(json.dumps(results))
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
