@@ -50,6 +50,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .errors import CheckpointFormatError, LoadError
+from .file_reads import pread_exactly, truncated_error
 from .io_pool import run_in_pool
 
 if TYPE_CHECKING:
@@ -276,10 +277,7 @@ def _map_span(address: int, span: FileSpan, loaded: CheckpointTensor, *, whole_f
     try:
         size = os.fstat(fd).st_size
         if size < span.offset + span.nbytes:  # checked right before mapping: reading past the end is SIGBUS
-            raise CheckpointFormatError(
-                f"{loaded.describe()}: file ends at byte {size}, before the data the header promises "
-                f"(up to byte {span.offset + span.nbytes}); the file is truncated"
-            )
+            raise truncated_error(span.path, f"tensor {loaded.name!r}", size, span.offset + span.nbytes)
         if not _map_fixed(map_start, map_end - map_start, fd, span.offset + (map_start - address)):
             return False
         _populate_soon(map_start, map_end - map_start, loaded)
@@ -329,13 +327,7 @@ def _pread_exact(fd: int, address: int, length: int, offset: int, loaded: Checkp
     page = address // _PAGE * _PAGE
     _libc.madvise(page, -(-(address + length) // _PAGE) * _PAGE - page, _MADV_NOHUGEPAGE)
     target: Any = (ctypes.c_ubyte * length).from_address(address)
-    view = memoryview(target).cast("B")
-    done = 0
-    while done < length:
-        got = os.preadv(fd, [view[done:]], offset + done)
-        if got == 0:
-            raise CheckpointFormatError(f"{loaded.describe()}: the file ended while it was being read")
-        done += got
+    pread_exactly(fd, memoryview(target).cast("B"), offset, loaded.file, f"tensor {loaded.name!r}")
 
 
 # --- populating page tables after the mapping -------------------------------------------------

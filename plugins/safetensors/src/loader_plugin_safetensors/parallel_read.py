@@ -30,7 +30,7 @@ from functools import partial
 
 import numpy as np
 
-from loader.errors import CheckpointFormatError
+from loader.file_reads import pread_exactly, truncated_error
 from loader.io_pool import io_pool as read_pool
 from loader.io_pool import io_threads as read_threads
 from loader.io_pool import run_in_pool
@@ -45,7 +45,6 @@ __all__ = [
     "read_pool",
     "read_threads",
     "run_in_pool",
-    "truncated_error",
 ]
 
 CHUNK_BYTES = 8 << 20
@@ -56,24 +55,6 @@ PARALLEL_MIN_BYTES = 16 << 20
 
 SEGMENT_PREAD_MIN_BYTES = 256 << 10
 """Segments at least this long are read with ``preadv``; shorter ones are gathered from a memory map."""
-
-def truncated_error(path: str, what: str, offset: int, wanted_end: int) -> CheckpointFormatError:
-    """The error for a file that ends before the bytes its header promised."""
-    return CheckpointFormatError(
-        f"{path}: {what}: file ends at byte {offset}, before the data the header promises "
-        f"(up to byte {wanted_end}); the file is truncated"
-    )
-
-
-def _pread_into(fd: int, dest: memoryview, offset: int, path: str, what: str) -> None:
-    """Fill all of ``dest`` from ``offset``, looping over short reads."""
-    done, total = 0, len(dest)
-    while done < total:
-        got = os.preadv(fd, [dest[done:]], offset + done)
-        if got == 0:
-            raise truncated_error(path, what, offset + done, offset + total)
-        done += got
-
 
 def _split(total: int, piece: int) -> Iterator[tuple[int, int]]:
     for start in range(0, total, piece):
@@ -95,10 +76,10 @@ def read_layout(fd: int, layout: ByteLayout, dest: np.ndarray, *, path: str, wha
     view = dest.data.cast("B")
     if layout.contiguous:
         if total < PARALLEL_MIN_BYTES:
-            _pread_into(fd, view, layout.offset, path, what)
+            pread_exactly(fd, view, layout.offset, path, what)
             return
         run_in_pool([
-            partial(_pread_into, fd, view[a:b], layout.offset + a, path, what)
+            partial(pread_exactly, fd, view[a:b], layout.offset + a, path, what)
             for a, b in _split(total, CHUNK_BYTES)
         ])
         return
@@ -121,7 +102,7 @@ def _read_segments(fd: int, layout: ByteLayout, view: memoryview, path: str, wha
 
     def read_group(first: int, last: int) -> None:
         for i in range(first, last):
-            _pread_into(fd, view[i * seg:(i + 1) * seg], offsets[i], path, what)
+            pread_exactly(fd, view[i * seg:(i + 1) * seg], offsets[i], path, what)
 
     run_in_pool([partial(read_group, a, b) for a, b in _split(len(offsets), per_task)])
 
