@@ -2,13 +2,14 @@
 
 One sequence builds a :class:`PluginHost`: a ``pluggy.PluginManager`` for
 project ``"loader"`` with the hook specs, the core's own implementations, then
-every entry point of group ``loader.plugins``. Every plugin is registered
-through :meth:`PluginHost.register`, which hands pluggy a guarded view of it
-(:mod:`loader.plugin_guard`), so pluggy calls the hooks and a plugin's bug is
-reported under its name. Each entry point is loaded in
+every entry point of group ``loader.plugins``. Each entry point is loaded in
 its own ``try`` so one broken plugin is recorded (name, distribution,
 version, error) and the others still work. ``LOADER_PLUGINS`` (comma-separated
 allow-list) and ``LOADER_DISABLE_PLUGINS`` (deny-list) choose which load.
+
+Every plugin is registered through :meth:`PluginHost.register`, which hands
+pluggy a guarded view of it (:mod:`loader.plugin_guard`): pluggy calls the
+hooks, and a plugin's bug is still reported under the plugin's name.
 """
 
 from __future__ import annotations
