@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from .checkpoint import Source, TokenizerBundle, WeightFormat
     from .hookspecs import RegisterArchitecture
-    from .layers.quantization import QuantizationConfig, QuantizeMethodBase
+    from .layers.quantization import QuantizationConfig
     from .options import LoadOptions
     from .plugins import PluginHost
     from .weights import ReadStats, WeightStream
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 __all__ = [
     "detect_format",
     "detect_quantization",
-    "get_quant_method",
     "iter_weights",
     "load_tokenizer",
     "process_weights_after_loading",
@@ -167,15 +166,6 @@ def detect_quantization(
             "which no installed plugin provides"
         )
     return None
-
-
-def get_quant_method(
-    quant_config: QuantizationConfig, layer: nn.Module, prefix: str, host: PluginHost | None = None
-) -> QuantizeMethodBase | None:
-    """The layer's quantize method, or ``None`` to keep it unquantized."""
-    found = _call(host, "loader_get_quant_method", firstresult=True, quant_config=quant_config,
-                  layer=layer, prefix=prefix)
-    return None if found is None else found[1]
 
 
 def process_weights_after_loading(

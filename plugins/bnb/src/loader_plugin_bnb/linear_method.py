@@ -8,11 +8,13 @@ Each quantized layer holds, for this rank's shard:
   double-quantized), ``weight_quant_map`` (the 16-entry code table) and, with
   double quantization, ``weight_nested_absmax`` / ``weight_nested_quant_map``.
 
-Its ``weight_loader`` takes either a dense checkpoint tensor (quantize while
-loading: narrow to this rank with the layer's own ``shard_slice``, read only
-that slice, quantize it, drop it) or a
-:class:`~loader_plugin_bnb.packed_tensor.Packed4bitTensor` (pre-quantized:
-narrowed by whole blocks and copied, never re-quantized). Only ``weight`` is a
+Loading goes through the layer's own ``weight_loader`` (fused tensors split,
+shapes checked, rows narrowed to this rank over the logical ``(rows, cols)``
+the weight's :class:`~loader.layers.param_layout.ParamLayout` declares); the
+layout's ``load_part`` then lands each narrowed part: a dense checkpoint
+tensor is read (only this rank's slice) and quantized, a
+:class:`~loader_plugin_bnb.packed_tensor.Packed4bitTensor` (pre-quantized,
+narrowed by whole blocks) has its codes copied, never re-quantized. Only ``weight`` is a
 parameter, so the model's ``load_weights`` and the pipeline's "every parameter
 filled" check see one name per layer, as for a dense model.
 """
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from loader.errors import CheckpointFormatError, UnsupportedError
+from loader.layers.param_layout import ParamLayout, set_param_layout
 from loader.layers.quantization import LinearMethodBase, WeightLoader
 
 from .codec import code_table, dequantize_absmax, dequantize_blocks, nest_absmax
@@ -84,7 +87,13 @@ class BitsAndBytesLinearMethod(LinearMethodBase):
         )
         packed = torch.empty((rows * cols + 1) // 2, 1, dtype=torch.uint8)
         weight = torch.nn.Parameter(packed, requires_grad=False)
-        weight.weight_loader = functools.partial(self.load_weight, cast("LinearBase", layer))  # type: ignore[attr-defined]
+        linear = cast("LinearBase", layer)
+        # The layer's own loader splits fused tensors, checks shapes and narrows to this rank along the
+        # logical (rows, cols); only the landing of each narrowed part (quantize or copy codes) is ours.
+        set_param_layout(weight, ParamLayout(
+            weight_loader=functools.partial(self.load_weight, linear), output_dim=0, input_dim=1,
+            logical_shape=(rows, cols), load_part=functools.partial(self._load_part, linear),
+        ))
         layer.register_parameter("weight", weight)
         layer.register_buffer("weight_absmax", torch.empty(codes.blocks, dtype=torch.float32))
         layer.register_buffer("weight_quant_map", torch.empty(16, dtype=torch.float32))
@@ -94,61 +103,42 @@ class BitsAndBytesLinearMethod(LinearMethodBase):
 
     def load_weight(self, layer: LinearBase, param: torch.Tensor, loaded: CheckpointTensor,
                     shard_id: ShardId = None) -> None:
-        """Land ``loaded`` (part ``shard_id``) in ``layer``'s packed weight, for this rank only."""
-        codes = _codes(layer)
-        if shard_id is None and len(codes.part_rows) > 1:
-            self._load_prefused(layer, param, loaded)
-            return
-        shape = torch.empty(codes.rows, codes.cols, device="meta")
-        shape.output_dim = 0  # type: ignore[attr-defined]
-        shape.input_dim = 1  # type: ignore[attr-defined]
-        if isinstance(loaded, Packed4bitTensor):
-            self._load_packed(layer, shape, loaded, shard_id)
-        else:
-            if codes.prequantized:
-                raise CheckpointFormatError(
-                    f"{loaded.describe()}: {codes.prefix} expects a bitsandbytes 4-bit weight (packed uint8 "
-                    f"with absmax and quant_state) in this pre-quantized checkpoint, found "
-                    f"{str(loaded.dtype).removeprefix('torch.')} of shape {loaded.shape}"
-                )
-            narrowed, offset, _ = layer.shard_slice(shape, loaded, shard_id)
-            codes.place_dense(layer, shard_id, offset, narrowed.read(codes.weight_dtype))
-        codes.mark_loaded(shard_id)
+        """Land ``loaded`` (part ``shard_id``, or every part of a pre-fused tensor) through the layer's loader.
 
-    def _load_packed(self, layer: LinearBase, shape: torch.Tensor, loaded: Packed4bitTensor,
-                     shard_id: ShardId) -> None:
+        Adds what only bitsandbytes knows to the layer's errors: a dense
+        tensor where a packed one belongs, and a TP split that would cut a
+        quantization block.
+        """
         codes = _codes(layer)
-        header = loaded.header
-        codes.adopt_header(layer, header.blocksize, header.quant_type, header.torch_dtype, loaded.describe())
+        if codes.prequantized and not isinstance(loaded, Packed4bitTensor):
+            raise CheckpointFormatError(
+                f"{loaded.describe()}: {codes.prefix} expects a bitsandbytes 4-bit weight (packed uint8 "
+                f"with absmax and quant_state) in this pre-quantized checkpoint, found "
+                f"{str(loaded.dtype).removeprefix('torch.')} of shape {loaded.shape}"
+            )
         try:
-            narrowed, offset, size = layer.shard_slice(shape, loaded, shard_id)
+            layer.weight_loader(param, loaded, shard_id)
         except BlockAlignmentError as exc:
-            tp = getattr(layer, "tp_size", 1)
+            assert isinstance(loaded, Packed4bitTensor)
+            header = loaded.header
             raise UnsupportedError(
                 f"{loaded.describe()}: cannot split the pre-quantized weight of shape {header.shape} "
-                f"(blocksize {header.blocksize}) over tensor parallel size {tp} for {codes.prefix}: "
+                f"(blocksize {header.blocksize}) over tensor parallel size {layer.tp_size} for {codes.prefix}: "
                 f"each rank's slice must be whole blocks. {exc}"
             ) from exc
-        assert isinstance(narrowed, Packed4bitTensor)
-        packed, absmax = narrowed.read_codes()
-        codes.place_codes(layer, offset, size, packed, absmax, loaded.describe())
 
-    def _load_prefused(self, layer: LinearBase, param: torch.Tensor, loaded: CheckpointTensor) -> None:
-        """A checkpoint tensor that already stacks every part: load each part in turn."""
-        shard_ids = _shard_ids(layer)
-        output_part = layer.output_part
-        fulls = [int(output_part(sid).full) for sid in shard_ids]
-        if loaded.ndim != 2 or loaded.shape[0] != sum(fulls):
-            from loader.errors import ShapeMismatchError
-
-            raise ShapeMismatchError(
-                f"{loaded.describe()}: expected {sum(fulls)} rows for the fused {_codes(layer).prefix}, "
-                f"found shape {loaded.shape}"
-            )
-        start = 0
-        for sid, full in zip(shard_ids, fulls, strict=True):
-            self.load_weight(layer, param, loaded.narrow(0, start, full), sid)
-            start += full
+    def _load_part(self, layer: LinearBase, param: torch.Tensor, narrowed: CheckpointTensor,
+                   shard_id: ShardId, offset: int, size: int) -> None:
+        """This rank's rows of one part, already narrowed by the layer: quantize them, or copy their codes."""
+        codes = _codes(layer)
+        if isinstance(narrowed, Packed4bitTensor):
+            header = narrowed.header
+            codes.adopt_header(layer, header.blocksize, header.quant_type, header.torch_dtype, narrowed.describe())
+            packed, absmax = narrowed.read_codes()
+            codes.place_codes(layer, offset, size, packed, absmax, narrowed.describe())
+        else:
+            codes.place_dense(layer, shard_id, offset, narrowed.read(codes.weight_dtype))
+        codes.mark_loaded(shard_id)
 
     # -- after loading -----------------------------------------------------------------------------
 
