@@ -88,12 +88,27 @@ def test_load_part_gets_every_narrowed_part_of_a_prefused_tensor():
     layer = _build(QKVParallelLinear, 1, 2, 6, 2, 4, 2, prefix="attn.qkv_proj")
     calls = []
 
-    def load_part(param, narrowed, shard_id, offset, size):
-        calls.append((shard_id, narrowed.window[0], offset, size))
+    def load_part(param, part):
+        assert part.whole.shape == (8 if part.shard_id == "q" else 4, 6) and part.cols is None
+        calls.append((part.shard_id, part.narrowed.window[0], part.rows, part.offset, part.size))
 
     param = torch.nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
     set_param_layout(param, ParamLayout(weight_loader=layer.weight_loader, output_dim=0, input_dim=1,
                                         logical_shape=(8, 6), load_part=load_part))
     # q: 8 rows (4 per rank), k and v: 4 rows each (2 per rank), stacked
     weight_loader_of(param)(param, RecordingTensor(torch.zeros(16, 6)))
-    assert calls == [("q", (4, 4), 0, 4), ("k", (10, 2), 4, 2), ("v", (14, 2), 6, 2)]
+    assert calls == [("q", (4, 4), (4, 4), 0, 4), ("k", (10, 2), (2, 2), 4, 2), ("v", (14, 2), (2, 2), 6, 2)]
+
+
+def test_load_part_of_a_row_parallel_layer_gets_its_input_columns():
+    from loader.layers import RowParallelLinear
+
+    layer = _build(RowParallelLinear, 1, 2, 8, 4, prefix="down_proj")
+    parts = []
+    param = torch.nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
+    set_param_layout(param, ParamLayout(weight_loader=layer.weight_loader, output_dim=0, input_dim=1,
+                                        logical_shape=(4, 4), load_part=lambda p, part: parts.append(part)))
+    weight_loader_of(param)(param, RecordingTensor(torch.zeros(4, 8)))
+    (part,) = parts
+    assert (part.rows, part.cols, part.narrowed.window, part.offset, part.size) == (
+        (0, 4), (4, 4), ((0, 4), (4, 4)), 0, 4)

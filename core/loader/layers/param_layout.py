@@ -23,7 +23,7 @@ import attrs
 if TYPE_CHECKING:
     import torch
 
-    from ..weights import CheckpointTensor
+    from .shard_loading import NarrowedPart
 
 __all__ = [
     "PartLoader",
@@ -38,11 +38,12 @@ __all__ = [
 WeightLoader = Callable[..., None]
 """``weight_loader(param, checkpoint_tensor, shard_id=None)``: fills ``param`` from one checkpoint tensor."""
 
-PartLoader = Callable[["torch.Tensor", "CheckpointTensor", Any, int, int], None]
-"""``load_part(param, narrowed, shard_id, offset, size)``: lands one part, already narrowed to this rank.
+PartLoader = Callable[["torch.Tensor", "NarrowedPart"], None]
+"""``load_part(param, part)``: lands one part, already narrowed to this rank.
 
-``offset``/``size`` are the destination rows along ``output_dim`` in
-logical units (the parameter's :func:`param_shape`)."""
+``part`` (:class:`~loader.layers.shard_loading.NarrowedPart`) holds the
+narrowed checkpoint tensor, the part's whole tensor, and the destination rows
+along ``output_dim`` in logical units (the parameter's :func:`param_shape`)."""
 
 _ATTRIBUTE = "_loader_layout"
 

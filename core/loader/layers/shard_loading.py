@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from ..weights import CheckpointTensor
 
-__all__ = ["OutputPart", "ShardId", "ShardedWeightLoading"]
+__all__ = ["NarrowedPart", "OutputPart", "ShardId", "ShardedWeightLoading"]
 
 ShardId = int | str | None
 """A part of a fused layer: ``"q"``/``"k"``/``"v"``, ``0``/``1`` (gate/up), or ``None`` for the whole."""
@@ -52,6 +52,29 @@ class OutputPart:
     length: int
     offset: int
     full: int
+
+
+@attrs.frozen
+class NarrowedPart:
+    """One part of a checkpoint tensor, narrowed to this rank (nothing read), and where it lands.
+
+    :ivar shard_id: the part (``"q"``, ``0``, ... or ``None``).
+    :ivar narrowed: this rank's piece of ``whole``.
+    :ivar whole: the part's full checkpoint tensor, for methods whose statistics
+        span the whole checkpoint module (bitsandbytes' double quantization).
+    :ivar offset: the first destination row along the layout's ``output_dim``.
+    :ivar size: the destination rows.
+    :ivar rows: ``(start, length)`` of ``narrowed`` in ``whole`` along ``output_dim``, or ``None``.
+    :ivar cols: ``(start, length)`` along ``input_dim`` when the layer splits its input, else ``None``.
+    """
+
+    shard_id: ShardId
+    narrowed: CheckpointTensor
+    whole: CheckpointTensor
+    offset: int
+    size: int
+    rows: tuple[int, int] | None
+    cols: tuple[int, int] | None
 
 
 class ShardedWeightLoading:
@@ -116,6 +139,13 @@ class ShardedWeightLoading:
         :class:`~loader.errors.PackedSplitError` when the part's rows do not
         fall on whole packed elements.
         """
+        part = self.narrow_part(layout, shape, loaded, shard_id)
+        return part.narrowed, part.offset, part.size
+
+    def narrow_part(
+        self, layout: ParamLayout, shape: Sequence[int], loaded: CheckpointTensor, shard_id: ShardId = None
+    ) -> NarrowedPart:
+        """:meth:`shard_slice` with where the piece sits in ``loaded`` too (what ``load_part`` receives)."""
         output_dim = layout.output_dim
         input_dim = layout.input_dim if self._splits_input else None
         expected = list(shape)
@@ -135,11 +165,14 @@ class ShardedWeightLoading:
             expected[input_dim] = per_rank * self.tp_size
         check_shape(loaded, expected, self._what(shard_id))
         narrowed = loaded
+        rows = cols = None
         if output_dim is not None:
             narrowed = narrowed.narrow(output_dim, start, length)
+            rows = (start, length)
         if input_dim is not None:
             narrowed = narrowed.narrow(input_dim, self.tp_rank * per_rank, per_rank)
-        return narrowed, offset, size
+            cols = (self.tp_rank * per_rank, per_rank)
+        return NarrowedPart(shard_id, narrowed, loaded, offset, size, rows, cols)
 
     def weight_loader(self, param: torch.Tensor, loaded: CheckpointTensor, shard_id: ShardId = None) -> None:
         """Read this rank's shard of ``loaded`` into ``param`` (part ``shard_id`` of a fused layer).
@@ -155,10 +188,10 @@ class ShardedWeightLoading:
         if shard_id is None and output_dim is not None and self._shard_ids() != [None]:
             self._load_fused(param, layout, shape, loaded)
             return
-        narrowed, offset, size = self.shard_slice(layout, shape, loaded, shard_id)
         if layout.load_part is not None:
-            layout.load_part(param, narrowed, shard_id, offset, size)
+            layout.load_part(param, self.narrow_part(layout, shape, loaded, shard_id))
             return
+        narrowed, offset, size = self.shard_slice(layout, shape, loaded, shard_id)
         destination = param.data if output_dim is None else param.data.narrow(output_dim, offset, size)
         check_shape(narrowed, destination.shape, self.prefix or type(self).__name__)
         fill_parameter(param, narrowed, output_dim, offset)

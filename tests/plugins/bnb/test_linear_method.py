@@ -56,20 +56,34 @@ def _reference(weight, config):
     return packed, state
 
 
+def _module_rows(parts, rank, tp, config):
+    """This rank's rows of each part as bitsandbytes gives them quantizing (and nesting) each module whole."""
+    rows = []
+    for sid in ("q", "k", "v"):
+        whole = F.dequantize_4bit(*_reference(parts[sid], config))
+        per = whole.shape[0] // tp
+        rows.append(whole[rank * per:(rank + 1) * per])
+    return torch.cat(rows)
+
+
 @pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
 @pytest.mark.parametrize("double_quant", [False, True])
 @pytest.mark.parametrize("tp", [1, 2])
-def test_in_flight_qkv_equals_quantizing_this_ranks_fused_slice(host, qkv_parts, quant_type, double_quant, tp):
+def test_in_flight_qkv_holds_this_ranks_rows_of_each_module_quantized_whole(host, qkv_parts, quant_type,
+                                                                             double_quant, tp):
     config = BitsAndBytesConfig(quant_type=quant_type, double_quant=double_quant)
     for rank in range(tp):
         layer = _qkv(host, config, rank, tp)
         for sid in ("v", "q", "k"):  # any order
             weight_loader_of(layer.weight)(layer.weight, EagerTensor(qkv_parts[sid], f"{sid}_proj.weight"), sid)
         layer.quant_method.process_weights_after_loading(layer)
-        packed, state = _reference(_rank_rows(qkv_parts, rank, tp), config)
+        # the 4-bit codes are those of this rank's fused slice (blocks never cross parts here) ...
+        packed, _ = _reference(_rank_rows(qkv_parts, rank, tp), config)
         assert torch.equal(layer.weight.view(-1), packed.view(-1))
+        # ... and the block scales, nested or not, those of each whole module
+        expected = _module_rows(qkv_parts, rank, tp, config)
         ours = F.dequantize_4bit(layer.weight, layer.quant_method.bnb_quant_state(layer))
-        assert torch.equal(ours, F.dequantize_4bit(packed, state))
+        assert torch.equal(ours, expected)
         assert torch.equal(layer.quant_method.dequantized_weight(layer), ours)
         assert (layer.weight_absmax.dtype == torch.uint8) == double_quant
 

@@ -6,7 +6,9 @@ Each quantized layer holds, for this rank's shard:
   ``(ceil(rows * cols / 2), 1)`` as bitsandbytes lays them out;
 * buffers ``weight_absmax`` (float32 per block, or ``uint8`` codes once
   double-quantized), ``weight_quant_map`` (the 16-entry code table) and, with
-  double quantization, ``weight_nested_absmax`` / ``weight_nested_quant_map``.
+  double quantization, ``weight_nested_absmax`` (every checkpoint module's
+  nested scales, one module after another) / ``weight_nested_quant_map``
+  (see :mod:`loader_plugin_bnb.nesting`).
 
 Loading goes through the layer's own ``weight_loader`` (fused tensors split,
 shapes checked, rows narrowed to this rank over the logical ``(rows, cols)``
@@ -30,15 +32,17 @@ from loader.errors import CheckpointFormatError, UnsupportedError
 from loader.layers.param_layout import ParamLayout, set_param_layout
 from loader.layers.quantization import LinearMethodBase, WeightLoader
 
-from .codec import code_table, dequantize_absmax, dequantize_blocks, nest_absmax
+from .codec import code_table, dequantize_blocks, quantize_blocks
 from .config import BitsAndBytesConfig
 from .layer_codes import LayerCodes, ShardId, tensor_of
+from .nesting import NestedPart, assemble, dequantize_layer, module_blocks, nest_part
 from .packed_tensor import BlockAlignmentError, Packed4bitTensor
 
 if TYPE_CHECKING:
     from torch import nn
 
     from loader.layers.linear import LinearBase
+    from loader.layers.shard_loading import NarrowedPart
     from loader.weights import CheckpointTensor
 
 __all__ = ["DUMMY_ABSMAX", "BitsAndBytesLinearMethod"]
@@ -127,18 +131,38 @@ class BitsAndBytesLinearMethod(LinearMethodBase):
                 f"each rank's slice must be whole blocks. {exc}"
             ) from exc
 
-    def _load_part(self, layer: LinearBase, param: torch.Tensor, narrowed: CheckpointTensor,
-                   shard_id: ShardId, offset: int, size: int) -> None:
+    def _load_part(self, layer: LinearBase, param: torch.Tensor, part: NarrowedPart) -> None:
         """This rank's rows of one part, already narrowed by the layer: quantize them, or copy their codes."""
         codes = _codes(layer)
+        narrowed = part.narrowed
         if isinstance(narrowed, Packed4bitTensor):
             header = narrowed.header
             codes.adopt_header(layer, header.blocksize, header.quant_type, header.torch_dtype, narrowed.describe())
             packed, absmax = narrowed.read_codes()
-            codes.place_codes(layer, offset, size, packed, absmax, narrowed.describe())
+            codes.place_codes(layer, part.offset, part.size, packed, absmax, narrowed.describe())
         else:
-            codes.place_dense(layer, shard_id, offset, narrowed.read(codes.weight_dtype))
-        codes.mark_loaded(shard_id)
+            own = codes.place_dense(layer, part.shard_id, part.offset, narrowed.read(codes.weight_dtype))
+            if own is not None and self.config.double_quant:
+                codes.nested_parts.append(self._nest(codes, part, own))
+        codes.mark_loaded(part.shard_id)
+
+    def _nest(self, codes: LayerCodes, part: NarrowedPart, absmax: torch.Tensor) -> NestedPart:
+        """Double-quantize one part's block scales over its whole checkpoint module, as ``transformers`` does.
+
+        A rank holding only a slice of the module reads the module whole once
+        more to get its statistics; a slice that is not whole blocks of the
+        module (which then quantizes differently anyway) is nested on its own.
+        """
+        first_block = part.offset * codes.cols // codes.blocksize
+        whole = part.whole
+        placement = module_blocks(whole.shape, part.rows, part.cols, codes.blocksize) if whole.ndim == 2 else None
+        if placement is None:
+            count = absmax.numel()
+            return nest_part(absmax, first_block, (0, count, count, count))
+        if placement[3] == -(-whole.numel() // codes.blocksize):  # this rank holds the whole module
+            return nest_part(absmax, first_block, placement)
+        dense = whole.read(codes.weight_dtype).to(absmax.device)
+        return nest_part(quantize_blocks(dense, codes.blocksize, codes.quant_type)[1], first_block, placement)
 
     # -- after loading -----------------------------------------------------------------------------
 
@@ -160,22 +184,24 @@ class BitsAndBytesLinearMethod(LinearMethodBase):
         quant_map = tensor_of(layer, "weight_quant_map")
         quant_map.copy_(code_table(codes.quant_type, quant_map.device))
         if self.config.double_quant and not codes.prequantized:
-            nested = nest_absmax(tensor_of(layer, "weight_absmax"))
+            parts = codes.nested_parts or [nest_part(tensor_of(layer, "weight_absmax"), 0,
+                                                     (0, codes.blocks, codes.blocks, codes.blocks))]
+            nested = assemble(parts, codes.blocks)
             layer.weight_absmax = nested.codes
             layer.register_buffer("weight_nested_absmax", nested.scales)
             layer.register_buffer("weight_nested_quant_map", nested.code)
-            codes.nested_offset = nested.offset
+            codes.nested, codes.nested_parts = nested.ranges, []
         codes.finished = True
 
     # -- forward -----------------------------------------------------------------------------------
 
     def float_absmax(self, layer: nn.Module) -> torch.Tensor:
-        """The per-block float32 ``absmax`` (dequantized when double-quantized)."""
+        """The per-block float32 ``absmax`` (dequantized, module by module, when double-quantized)."""
         codes = _codes(layer)
-        if codes.nested_offset is None:
+        if codes.nested is None:
             return tensor_of(layer, "weight_absmax")
-        return dequantize_absmax(tensor_of(layer, "weight_absmax"), tensor_of(layer, "weight_nested_absmax"),
-                                 tensor_of(layer, "weight_nested_quant_map"), codes.nested_offset)
+        return dequantize_layer(tensor_of(layer, "weight_absmax"), tensor_of(layer, "weight_nested_absmax"),
+                                tensor_of(layer, "weight_nested_quant_map"), codes.nested)
 
     def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
         """This rank's weight ``(rows, cols)`` in the dtype it was quantized from."""
@@ -197,20 +223,17 @@ class BitsAndBytesLinearMethod(LinearMethodBase):
         return out.to(x.dtype)
 
     def bnb_quant_state(self, layer: nn.Module) -> Any:
-        """A ``bitsandbytes.functional.QuantState`` over the layer's buffers (for its CUDA kernels)."""
+        """A ``bitsandbytes.functional.QuantState`` over the layer's buffers (for its CUDA kernels).
+
+        A double-quantized layer nests each checkpoint module on its own, which
+        one ``QuantState`` cannot express; it is handed the float32 ``absmax``
+        those codes stand for, which is what bitsandbytes computes first anyway.
+        """
         from bitsandbytes.functional import QuantState
 
         codes = _codes(layer)
-        state2 = offset = None
-        if codes.nested_offset is not None:
-            state2 = QuantState(absmax=tensor_of(layer, "weight_nested_absmax"),
-                                code=tensor_of(layer, "weight_nested_quant_map"), blocksize=256,
-                                dtype=torch.float32)
-            offset = torch.tensor(codes.nested_offset, dtype=torch.float32,
-                                  device=tensor_of(layer, "weight").device)
         return QuantState(
-            absmax=tensor_of(layer, "weight_absmax"), shape=torch.Size((codes.rows, codes.cols)),
+            absmax=self.float_absmax(layer), shape=torch.Size((codes.rows, codes.cols)),
             code=tensor_of(layer, "weight_quant_map"),
             blocksize=codes.blocksize, quant_type=codes.quant_type, dtype=codes.weight_dtype,
-            offset=offset, state2=state2,
         )
