@@ -8,11 +8,12 @@ import attrs
 import pytest
 
 import loader
-from loader.errors import FusedLayerSkipError
+from loader.errors import FusedLayerSkipError, PluginError
 from loader.layers import QuantizationConfig, UnquantizedLinearMethod
 from loader.layers.linear import LinearBase
 from loader.plugins import create_plugin_host
-from tests.helpers.malformed import write_llama_checkpoint
+from loader_plugin_llama.model import LlamaForCausalLM
+from tests.helpers.malformed import TINY_LLAMA, write_llama_checkpoint
 
 
 class _Marked(UnquantizedLinearMethod):
@@ -75,3 +76,25 @@ def test_skipping_only_q_proj_fails_naming_the_fused_layer(checkpoint):
                                                   r"unquantized but quantizes .*model.layers.0.self_attn.qkv_proj "
                                                   r"fuses them into one weight"):
         _load(checkpoint, ("q_proj",))
+
+
+class BadTable(LlamaForCausalLM):
+    """A model whose fused-module table is not a mapping."""
+
+    packed_modules_mapping = ("qkv_proj",)  # type: ignore[assignment]
+
+
+class _BadTableModels:
+    @loader.hookimpl
+    def loader_register_architectures(self, register):
+        register("BadTableForCausalLM", "tests.plugins.llama.test_quantization_seam:BadTable")
+
+
+def test_a_malformed_fused_table_is_named_when_a_quantization_needs_it(tmp_path):
+    write_llama_checkpoint(tmp_path / "model", config={**TINY_LLAMA, "architectures": ["BadTableForCausalLM"]})
+    host = create_plugin_host()
+    host.register(_BadTableModels(), "bad-table")
+    host.register(_SkipListPlugin(()), "skip-list")
+    with pytest.raises(PluginError, match=r"^model class for BadTableForCausalLM: BadTable.packed_modules_mapping: "
+                                          r"expected a dict of module name -> list of names, found tuple$"):
+        loader.load_model(str(tmp_path / "model"), dtype="float32", quantization="skip-list", host=host)
