@@ -18,7 +18,7 @@ from loader.layers import (
     UnquantizedLinearMethod,
 )
 from loader.layers.linear import OutputPart
-from loader.layers.param_layout import ParamLayout, param_layout, set_param_layout, weight_loader_of
+from loader.layers.param_layout import ParamLayout, layout_of, set_param_layout, weight_loader_of
 from loader.weights import EagerTensor
 from tests.helpers.recording_tensor import RecordingTensor
 
@@ -51,8 +51,8 @@ def test_column_tp1_matches_f_linear(gen):
 def test_params_dtype_is_honoured():
     layer = RowParallelLinear(8, 4, bias=True, params_dtype=torch.bfloat16)
     assert layer.weight.dtype == torch.bfloat16 and layer.bias.dtype == torch.bfloat16
-    assert param_layout(layer.bias) == ParamLayout(weight_loader=layer.weight_loader, output_dim=0)
-    assert param_layout(layer.weight).input_dim == 1 and weight_loader_of(layer.weight) == layer.weight_loader
+    assert layout_of(layer.bias) == ParamLayout(weight_loader=layer.weight_loader, output_dim=0)
+    assert layout_of(layer.weight).input_dim == 1 and weight_loader_of(layer.weight) == layer.weight_loader
 
 
 def test_no_bias_registers_none():
@@ -176,7 +176,7 @@ def test_shard_slice_arithmetic_qkv(size, rank, sid, expected):
     layer = _build(QKVParallelLinear, rank, size, 6, 2, 4, 2)
     rows = {"q": 8, "k": 4, "v": 4}[sid]
     loaded = RecordingTensor(torch.zeros(rows, 6))
-    narrowed, offset, length = layer.shard_slice(param_layout(layer.weight), layer.weight.shape, loaded, sid)
+    narrowed, offset, length = layer.shard_slice(layout_of(layer.weight), layer.weight.shape, loaded, sid)
     assert (narrowed.window[0][0], narrowed.shape[0], offset, length) == expected
     assert narrowed.shape[1] == 6
 
@@ -190,7 +190,7 @@ def test_shard_slice_arithmetic_qkv(size, rank, sid, expected):
 def test_shard_slice_arithmetic_merged(size, rank, sid, expected):
     layer = _build(MergedColumnParallelLinear, rank, size, 5, [12, 4])
     loaded = RecordingTensor(torch.zeros([12, 4][sid], 5))
-    narrowed, offset, length = layer.shard_slice(param_layout(layer.weight), layer.weight.shape, loaded, sid)
+    narrowed, offset, length = layer.shard_slice(layout_of(layer.weight), layer.weight.shape, loaded, sid)
     assert (narrowed.window[0][0], narrowed.shape[0], offset, length) == expected
 
 
@@ -221,7 +221,7 @@ def test_shard_slice_packed_input_dim_row_parallel():
     set_param_layout(qweight, ParamLayout(weight_loader=layer.weight_loader, output_dim=1, input_dim=0,
                                           packed_dim=0, pack_factor=8))
     loaded = RecordingTensor(torch.arange(32.0).view(8, 4))
-    narrowed, offset, length = layer.shard_slice(param_layout(qweight), qweight.shape, loaded, None)
+    narrowed, offset, length = layer.shard_slice(layout_of(qweight), qweight.shape, loaded, None)
     assert narrowed.window == ((4, 4), (0, 4)) and (offset, length) == (0, 4)
     layer.weight_loader(qweight, loaded)
     torch.testing.assert_close(qweight.data, torch.arange(16.0, 32.0).view(4, 4))
@@ -232,7 +232,7 @@ def test_param_without_output_dim_is_copied_whole():
     scale = torch.nn.Parameter(torch.empty(()), requires_grad=False)
     layer.weight_loader(scale, EagerTensor(torch.tensor(0.5)), "k")
     assert scale.item() == 0.5
-    narrowed, offset, size = layer.shard_slice(param_layout(scale), scale.shape, EagerTensor(torch.tensor(0.5)), "q")
+    narrowed, offset, size = layer.shard_slice(layout_of(scale), scale.shape, EagerTensor(torch.tensor(0.5)), "q")
     assert (narrowed.shape, offset, size) == ((), 0, 1)
 
 

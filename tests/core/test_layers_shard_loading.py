@@ -9,7 +9,7 @@ from loader import distributed
 from loader.errors import PackedSplitError
 from loader.layers import MergedColumnParallelLinear, QKVParallelLinear
 from loader.layers.default_loader import default_weight_loader
-from loader.layers.param_layout import ParamLayout, param_layout, param_shape, set_param_layout, weight_loader_of
+from loader.layers.param_layout import ParamLayout, layout_of, param_shape, set_param_layout, weight_loader_of
 from loader.weights import EagerTensor
 from tests.helpers.recording_tensor import RecordingTensor
 
@@ -29,7 +29,7 @@ def _packed_param(layer, rows: int, pack: int) -> torch.nn.Parameter:
 
 def test_a_parameter_nobody_described_is_whole_with_the_default_loader():
     plain = torch.nn.Parameter(torch.zeros(3), requires_grad=False)
-    assert param_layout(plain) == ParamLayout()
+    assert layout_of(plain) == ParamLayout()
     assert weight_loader_of(plain) is default_weight_loader
     assert param_shape(plain) == (3,)
     set_param_layout(plain, ParamLayout(logical_shape=(2, 3)))
@@ -42,7 +42,7 @@ def test_bad_layouts_are_refused_with_the_reason():
     param = torch.nn.Parameter(torch.zeros(3), requires_grad=False)
     param._loader_layout = {"output_dim": 0}
     with pytest.raises(TypeError, match=r"^parameter layout must be a ParamLayout, found dict$"):
-        param_layout(param)
+        layout_of(param)
 
 
 def test_a_packed_split_off_a_pack_boundary_names_layer_part_and_pack_factor():
@@ -53,7 +53,7 @@ def test_a_packed_split_off_a_pack_boundary_names_layer_part_and_pack_factor():
                r"features\) is not a multiple of the pack factor 4, so the part would start or end inside a "
                r"packed element \(tensor parallel size 2\)$")
     with pytest.raises(PackedSplitError, match=message):
-        layer.shard_slice(param_layout(param), param.shape, RecordingTensor(torch.zeros(3, 8)), 0)
+        layer.shard_slice(layout_of(param), param.shape, RecordingTensor(torch.zeros(3, 8)), 0)
     loaded = RecordingTensor(torch.zeros(3, 8))
     with pytest.raises(PackedSplitError, match=message):
         weight_loader_of(param)(param, loaded, 0)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
         QKVParallelLinear,
         RowParallelLinear,
     )
-    from .param_layout import ParamLayout, param_layout, param_shape, set_param_layout, weight_loader_of
+    from .param_layout import ParamLayout, layout_of, param_shape, set_param_layout, weight_loader_of
     from .quantization import (
         LinearMethodBase,
         QuantizationConfig,
@@ -54,7 +54,7 @@ __all__ = [
     "WeightLoader",
     "default_weight_loader",
     "get_rope",
-    "param_layout",
+    "layout_of",
     "param_shape",
     "set_param_layout",
     "weight_loader_of",
@@ -72,7 +72,7 @@ _HOME = {
     "QKVParallelLinear": "linear",
     "RowParallelLinear": "linear",
     "ParamLayout": "param_layout",
-    "param_layout": "param_layout",
+    "layout_of": "param_layout",
     "param_shape": "param_layout",
     "set_param_layout": "param_layout",
     "weight_loader_of": "param_layout",

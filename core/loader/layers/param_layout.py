@@ -8,7 +8,7 @@ stored element packs several logical values along a dimension, and which
 the tensor (``param.output_dim``), read back with ``getattr`` and a default;
 a typo there is a silently wrong split. Here they are one frozen
 :class:`ParamLayout`, attached with :func:`set_param_layout` and read with
-:func:`param_layout` / :func:`weight_loader_of`, so every reader sees the
+:func:`layout_of` / :func:`weight_loader_of`, so every reader sees the
 same typed record. The record survives materialization (the pipeline moves
 a parameter's attributes to its real storage).
 """
@@ -29,7 +29,7 @@ __all__ = [
     "PartLoader",
     "ParamLayout",
     "WeightLoader",
-    "param_layout",
+    "layout_of",
     "param_shape",
     "set_param_layout",
     "weight_loader_of",
@@ -97,7 +97,7 @@ def set_param_layout(param: torch.Tensor, layout: ParamLayout) -> None:
     setattr(param, _ATTRIBUTE, layout)
 
 
-def param_layout(param: torch.Tensor) -> ParamLayout:
+def layout_of(param: torch.Tensor) -> ParamLayout:
     """``param``'s layout; a parameter nobody described is a whole tensor with the default loader."""
     layout = param.__dict__.get(_ATTRIBUTE)
     if layout is None:
@@ -109,13 +109,13 @@ def param_layout(param: torch.Tensor) -> ParamLayout:
 
 def param_shape(param: torch.Tensor, layout: ParamLayout | None = None) -> tuple[int, ...]:
     """The shape the layer's split arithmetic uses: the layout's logical shape, else the stored one."""
-    layout = param_layout(param) if layout is None else layout
+    layout = layout_of(param) if layout is None else layout
     return layout.logical_shape if layout.logical_shape is not None else tuple(param.shape)
 
 
 def weight_loader_of(param: torch.Tensor) -> WeightLoader:
     """The loader that fills ``param`` from a checkpoint tensor (``default_weight_loader`` if none is set)."""
-    loader = param_layout(param).weight_loader
+    loader = layout_of(param).weight_loader
     if loader is not None:
         return loader
     from .default_loader import default_weight_loader

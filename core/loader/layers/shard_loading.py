@@ -26,7 +26,7 @@ import attrs
 from ..errors import PackedSplitError
 from ..mapped_parameters import fill_parameter
 from .default_loader import check_shape
-from .param_layout import ParamLayout, param_layout, param_shape
+from .param_layout import ParamLayout, layout_of, param_shape
 
 if TYPE_CHECKING:
     import torch
@@ -182,7 +182,7 @@ class ShardedWeightLoading:
         layout with its own ``load_part`` (a quantize method that quantizes
         while loading) receives each narrowed part instead of a copy.
         """
-        layout = param_layout(param)
+        layout = layout_of(param)
         output_dim = layout.output_dim
         shape = param_shape(param, layout)
         if shard_id is None and output_dim is not None and self._shard_ids() != [None]:

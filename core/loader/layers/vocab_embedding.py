@@ -18,7 +18,7 @@ from torch import nn
 from .. import distributed
 from ..mapped_parameters import fill_parameter
 from .default_loader import check_shape
-from .param_layout import ParamLayout, param_layout, set_param_layout
+from .param_layout import ParamLayout, layout_of, set_param_layout
 
 if TYPE_CHECKING:
     from ..weights import CheckpointTensor
@@ -75,7 +75,7 @@ class VocabParallelEmbedding(nn.Module):
         """Read this rank's vocabulary rows of ``loaded`` and zero the padding rows."""
         if shard_id is not None:
             raise ValueError(f"{type(self).__name__} {self.prefix!r} has no shard {shard_id!r}")
-        output_dim = param_layout(param).output_dim
+        output_dim = layout_of(param).output_dim
         if output_dim is None:  # a per-tensor value some plugin attached
             check_shape(loaded, param.shape, self.prefix or type(self).__name__)
             fill_parameter(param, loaded)
