@@ -21,6 +21,7 @@ import attrs
 import pluggy
 
 from . import hookspecs
+from .errors import ConfigError
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -132,8 +133,6 @@ def _check_allow_list(allow: set[str] | None, installed: set[str]) -> None:
     """
     unknown = sorted((allow or set()) - installed - {name for name, _ in CORE_PLUGINS})
     if unknown:
-        from .errors import ConfigError
-
         raise ConfigError(
             f"LOADER_PLUGINS names {', '.join(repr(n) for n in unknown)}, which no installed plugin is called; "
             f"installed: {', '.join(sorted(installed)) or 'none'} (set LOADER_PLUGINS to an empty string to "

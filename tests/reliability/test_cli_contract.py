@@ -23,7 +23,7 @@ import pytest
 
 import loader
 from loader.cli.main import main
-from loader.errors import ConfigError, LoadError, UnsupportedError
+from loader.errors import ConfigError, LoadError, SourceNotFoundError, UnsupportedError
 from tests.helpers.malformed import TINY_LLAMA, write_config, write_llama_checkpoint
 from tests.helpers.tokenizers_files import write_tokenizer
 from tests.reliability.test_corpus_cli import _assert_one_line_error
@@ -108,6 +108,20 @@ def test_lone_surrogate_in_a_path_keeps_the_error_on_one_line(tmp_path: Path) ->
         assert main(["load", str(model)]) == 2
     message = _assert_one_line_error(_written(stderr))
     assert "m\\udcff: no config.json" in message
+
+
+@pytest.mark.parametrize("name", ["x" * 300, "sock"])
+def test_a_path_that_cannot_be_opened_is_named(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A name too long for the file system, or a socket: once a PluginError blaming ``core.sources``."""
+    path = tmp_path / name
+    if name == "sock":
+        import socket
+
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind(str(path))
+    with pytest.raises(SourceNotFoundError, match=name[:20]):
+        loader.load_model(str(path))
+    assert str(path) in _cli_error(capsys, "load", str(path))
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "0", "-1"])

@@ -46,6 +46,10 @@ def _exists_and_is_readable(path: Path) -> bool:
             os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))  # non-blocking: a FIFO must not hang here
     except PermissionError as exc:
         raise SourceNotFoundError(f"{path}: permission denied ({step})") from exc
+    except OSError as exc:
+        if step.startswith("a parent"):  # exists() itself failed: a name too long for the file system, ...
+            raise SourceNotFoundError(f"{path}: not a usable path ({exc.strerror or exc})") from exc
+        # anything else (a socket cannot be opened) is the format or config reader's to report, as before
     return True
 
 
