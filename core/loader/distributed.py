@@ -14,12 +14,12 @@ collectives stay no-ops because no process group exists.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
-from .errors import UnsupportedError
+from .errors import ConfigError, UnsupportedError
 
 if TYPE_CHECKING:
     import torch
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "all_gather",
     "all_reduce",
+    "check_torchrun_environment",
     "divide",
     "init_distributed",
     "simulated_tp",
@@ -53,7 +54,7 @@ def init_distributed(device: str | torch.device | None = None) -> None:
     group already exists. The backend is NCCL when ``device`` is a CUDA device
     (and each process then uses ``cuda:LOCAL_RANK``), gloo otherwise.
     """
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = _env_integer(os.environ, "WORLD_SIZE", minimum=1) if "WORLD_SIZE" in os.environ else 1
     if world <= 1:
         return
     import torch
@@ -65,10 +66,39 @@ def init_distributed(device: str | torch.device | None = None) -> None:
         )
     if dist.is_initialized():
         return
+    check_torchrun_environment(os.environ, world)
     on_cuda = device is not None and torch.device(device).type == "cuda"
     if on_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend="nccl" if on_cuda else "gloo")
+
+
+def _env_integer(environ: Mapping[str, str], name: str, *, minimum: int = 0) -> int:
+    raw = environ[name]
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise ConfigError(f"{name}={raw!r}: expected an integer of at least {minimum} (torchrun sets it)")
+    return value
+
+
+def check_torchrun_environment(environ: Mapping[str, str], world: int) -> None:
+    """The variables ``torchrun`` sets beside ``WORLD_SIZE``, checked by name before joining a group.
+
+    ``torch.distributed`` reports a missing or malformed one as a bare ``ValueError`` (or waits for a
+    rendezvous that never comes); a process started by hand with ``WORLD_SIZE=2`` is a user's error.
+    """
+    for name in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
+        if not environ.get(name, "").strip():
+            raise ConfigError(f"WORLD_SIZE={world} but {name} is not set; launch with torchrun, which sets RANK, "
+                              "LOCAL_RANK, MASTER_ADDR and MASTER_PORT for each process")
+        if name == "RANK" and (rank := _env_integer(environ, "RANK")) >= world:
+            raise ConfigError(f"RANK={rank} is outside the {world} processes of WORLD_SIZE={world}")
+    _env_integer(environ, "MASTER_PORT", minimum=1)
+    if "LOCAL_RANK" in environ:
+        _env_integer(environ, "LOCAL_RANK")
 
 
 def tp_rank() -> int:

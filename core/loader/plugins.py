@@ -25,6 +25,7 @@ import attrs
 import pluggy
 
 from . import hookspecs
+from .errors import ConfigError
 from .plugin_guard import GuardedPlugin
 
 __all__ = [
@@ -132,8 +133,24 @@ def _core_version() -> str | None:
         return None
 
 
+def _check_allow_list(allow: set[str] | None, installed: set[str]) -> None:
+    """A name in ``LOADER_PLUGINS`` that no installed plugin has is a typo or a missing install: say so.
+
+    Left alone, it blocks every plugin but the ones spelled right, and the load then fails far away
+    ("no weight files any installed format plugin recognises").
+    """
+    unknown = sorted((allow or set()) - installed - {name for name, _ in CORE_PLUGINS})
+    if unknown:
+        raise ConfigError(
+            f"LOADER_PLUGINS names {', '.join(repr(n) for n in unknown)}, which no installed plugin is called; "
+            f"installed: {', '.join(sorted(installed)) or 'none'} (set LOADER_PLUGINS to an empty string to "
+            "load none)"
+        )
+
+
 def _load_entry_points(host: PluginHost, *, allow: set[str] | None, deny: set[str]) -> None:
     eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    _check_allow_list(allow, {ep.name for ep in eps})
     seen: set[str] = set()
     for ep in sorted(eps, key=lambda e: e.name):
         if ep.name in seen:

@@ -124,7 +124,11 @@ def _resolve_device(value: str | torch.device) -> torch.device:
             import os
 
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", distributed.tp_rank())))
-    elif device.type not in ("cpu", "meta"):
+    elif device.type == "meta":
+        # a model on 'meta' has shapes but no storage: nothing could be read into it, so nothing was loaded
+        raise UnsupportedError(f"device {str(value)!r} holds no data, so no weights can be loaded there; "
+                               "use 'cpu' or 'cuda[:N]'")
+    elif device.type != "cpu":
         raise UnsupportedError(f"device {value!r} is not supported; use 'cpu' or 'cuda[:N]'")
     return device
 
