@@ -44,11 +44,19 @@ class WeightFormat:
     ``"gguf"``, ...). ``files`` are paths or URIs in load order. ``index`` is
     the index file whose ``weight_map`` says which files are part of the model
     (the core keeps only those and fails if one is missing).
+
+    Two flags let a format say what its tensors are, so the pipeline names no
+    format: ``parameter_names`` when they are named by the model's own
+    parameters (loaded by name, with no name mapping and no quantization
+    wrapping: the core's ``dummy`` and ``sharded_state``), ``post_processed``
+    when they are already in their final layout (no post-processing runs).
     """
 
     name: str
     files: tuple[str, ...]
     index: str | None = None
+    parameter_names: bool = False
+    post_processed: bool = False
     extra: dict[str, Any] = attrs.field(factory=dict, eq=False, hash=False)
 
 

@@ -38,11 +38,12 @@ __all__ = [
 
 
 def _host(host: PluginHost | None) -> PluginHost:
+    """``host`` if given, else the load session's (the process-wide one outside a load)."""
     if host is not None:
         return host
-    from .plugins import get_plugin_host
+    from .session import current_session
 
-    return get_plugin_host()
+    return current_session().plugin_host()
 
 
 def _plugin_failed(plugin: str, hook: str, exc: BaseException) -> PluginError:
@@ -118,13 +119,13 @@ def load_tokenizer(source: Source, weight_format: WeightFormat, host: PluginHost
 
 def iter_weights(
     source: Source, weight_format: WeightFormat, options: LoadOptions, stats: ReadStats,
-    host: PluginHost | None = None,
+    host: PluginHost | None = None, model: nn.Module | None = None,
 ) -> WeightStream:
     """The owning plugin's lazy iterator; errors while iterating name the plugin."""
     from .errors import UnsupportedError
 
     found = _call(host, "loader_iter_weights", firstresult=True, source=source,
-                  weight_format=weight_format, options=options, stats=stats)
+                  weight_format=weight_format, options=options, stats=stats, model=model)
     if found is None:
         raise UnsupportedError(f"no installed plugin can read weights of format {weight_format.name!r}")
     plugin, stream = found

@@ -104,7 +104,13 @@ def _index_files(index_path: Path, folder: Path) -> set[Path]:
 
 
 def filter_weight_files(source: Source, weight_format: WeightFormat) -> WeightFormat:
-    """Apply the index, drop training artifacts and ``original/**``; fail if nothing is left."""
+    """Apply the index, drop training artifacts and ``original/**``; fail if nothing is left.
+
+    A format that lists no files at all (``dummy`` on a folder holding only a
+    config) needs none and passes through.
+    """
+    if not weight_format.files and weight_format.index is None:
+        return weight_format
     folder = source.directory
     files = [f for f in weight_format.files if not is_training_artifact(f) and not _in_original(folder, f)]
     if weight_format.index is not None and folder is not None:
@@ -126,38 +132,9 @@ def filter_weight_files(source: Source, weight_format: WeightFormat) -> WeightFo
     return attrs.evolve(weight_format, files=tuple(files))
 
 
-def _sharded_state_format(source: Source, options: LoadOptions) -> WeightFormat | None:
-    """This rank's files when the source is a sharded-state folder (asked for, or marked as one)."""
-    from ..sharded.layout import MARKER, rank_files, read_layout
-
-    if options.load_format not in ("auto", "sharded_state") or source.directory is None:
-        return None
-    layout = read_layout(source.directory)
-    if layout is None:
-        if options.load_format == "sharded_state":
-            raise SourceNotFoundError(
-                f"{source.display()}: load_format 'sharded_state' needs a folder written by "
-                f"'loader save-sharded' (no {MARKER})"
-            )
-        return None
-    files = rank_files(source.directory, layout, options.tp_rank, options.tp_size)
-    return WeightFormat(name="sharded_state", files=files)
-
-
 def prepare_checkpoint(location: str, options: LoadOptions, host: PluginHost | None = None) -> PreparedCheckpoint:
     """Resolve, detect, filter and read the config: step 1 of every load."""
     source = hooks.resolve_source(location, options, host)
-    sharded = _sharded_state_format(source, options)
-    if sharded is not None:
-        hf_config = hooks.read_config(source, sharded, host)
-        return PreparedCheckpoint(source=source, weight_format=sharded, hf_config=hf_config)
-    if options.load_format == "dummy":
-        try:
-            weight_format = hooks.detect_format(source, "auto", host)
-        except SourceNotFoundError:
-            weight_format = WeightFormat(name="dummy", files=())
-        weight_format = attrs.evolve(weight_format, name="dummy")
-    else:
-        weight_format = filter_weight_files(source, hooks.detect_format(source, options.load_format, host))
+    weight_format = filter_weight_files(source, hooks.detect_format(source, options.load_format, host))
     hf_config = hooks.read_config(source, weight_format, host)
     return PreparedCheckpoint(source=source, weight_format=weight_format, hf_config=hf_config)
