@@ -98,7 +98,7 @@ def test_two_threads_load_different_models_and_dtypes_at_once(tmp_path: Path) ->
     def load(dtype: str) -> None:
         try:
             results[dtype] = loader.load_model(str(folders[dtype]), dtype=dtype, host=host)
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+        except BaseException as exc:
             errors.append(exc)
 
     for event in (FIRST_BUILDING, SECOND_BUILDING, FIRST_DONE):
