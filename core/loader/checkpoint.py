@@ -2,12 +2,33 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
-__all__ = ["Source", "TokenizerBundle", "WeightFormat"]
+__all__ = ["Source", "SourceReader", "TokenizerBundle", "WeightFormat"]
+
+
+@runtime_checkable
+class SourceReader(Protocol):
+    """How the core lists and reads the small files of a source with no local folder.
+
+    A remote-source plugin (``s3://``, an in-memory store) hands one to its
+    :class:`Source`; the core then reads ``config.json``, the tokenizer files and
+    the weight index through it and applies the index and training-artifact
+    filtering itself, as for a local folder. Names are relative POSIX paths
+    inside the checkpoint (``"config.json"``, ``"original/params.json"``).
+    """
+
+    def list_files(self) -> Sequence[str]:
+        """Every file of the checkpoint, by relative name."""
+        ...
+
+    def read_bytes(self, name: str, limit: int) -> bytes | None:
+        """The file's bytes, ``None`` if there is no such file; may stop after ``limit + 1`` bytes."""
+        ...
 
 
 @attrs.frozen
@@ -16,13 +37,25 @@ class Source:
 
     ``location`` is what the user passed; ``path`` is the local folder or file
     it resolved to (for remote sources that stream without a local copy, such
-    as ``s3://``, ``path`` is ``None`` and ``uri`` holds the remote prefix).
+    as ``s3://``, ``path`` is ``None``, ``uri`` holds the remote prefix and
+    ``reader`` lists and reads its files). A remote source's weight files and
+    index are named ``uri + "/" + relative name`` in :class:`WeightFormat`.
     """
 
     location: str
     path: Path | None
     uri: str | None = None
     revision: str | None = None
+    reader: SourceReader | None = attrs.field(default=None, eq=False)
+
+    def file_uri(self, name: str) -> str:
+        """How a remote source's file ``name`` appears in :attr:`WeightFormat.files`."""
+        return f"{(self.uri or self.location).rstrip('/')}/{name}"
+
+    def relative_name(self, file: str) -> str | None:
+        """The relative name of a remote file (the inverse of :meth:`file_uri`), ``None`` if outside."""
+        prefix = f"{(self.uri or self.location).rstrip('/')}/"
+        return file[len(prefix):] if file.startswith(prefix) else None
 
     def display(self) -> str:
         """How messages refer to this source."""

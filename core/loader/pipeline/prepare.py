@@ -1,7 +1,8 @@
 """Step 1 of the pipeline: from what the user passed to a format, its files and a config.
 
 Resolve the source, let the format plugins choose a format, then apply the
-rules that hold for every format: keep only the files the index's
+rules that hold for every format and every source (a remote one's index is
+read through its reader, :mod:`.remote_index`): keep only the files the index's
 ``weight_map`` names (failing if the index names one that is missing or points
 outside the model folder), drop training artifacts and ``original/**``, and
 fail if nothing is left.
@@ -22,6 +23,7 @@ from ..errors import CheckpointFormatError, ConfigError, SourceNotFoundError
 from ..hf_files import read_json_object
 from ..options import LoadOptions
 from ..plugins import PluginHost
+from .remote_index import filter_by_remote_index
 
 __all__ = ["PreparedCheckpoint", "filter_weight_files", "is_training_artifact", "prepare_checkpoint"]
 
@@ -124,6 +126,8 @@ def filter_weight_files(source: Source, weight_format: WeightFormat) -> WeightFo
                 f"{weight_format.index}: the index names shard(s) the {weight_format.name} format did not "
                 f"list: {', '.join(absent)}"
             )
+    elif weight_format.index is not None and source.reader is not None:
+        files = filter_by_remote_index(source, weight_format, files)
     if not files:
         raise SourceNotFoundError(
             f"{source.display()}: no {weight_format.name} weight files left after filtering "
