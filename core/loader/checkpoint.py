@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import attrs
 
-__all__ = ["Source", "SourceReader", "TokenizerBundle", "WeightFormat"]
+if TYPE_CHECKING:
+    from .weights import WeightStream
+
+__all__ = ["Source", "SourceReader", "TokenizerBundle", "WeightFormat", "WeightRenaming"]
+
+
+class WeightRenaming(Protocol):
+    """A format's renaming step: checkpoint names (and layouts) into the Hugging Face names models map from.
+
+    A detection plugin that recognises a layout with names of its own (Mistral's
+    native ``layers.0.attention.wq.weight``) puts one on the :class:`WeightFormat`
+    it returns; the core applies it to whatever stream reads the files, before
+    the duplicate-name check, so a tensor present under both names is refused.
+    """
+
+    def __call__(self, weights: WeightStream, hf_config: Mapping[str, Any]) -> WeightStream:
+        """The renamed stream; ``hf_config`` is the load's configuration (head counts and the like)."""
+        ...
 
 
 @runtime_checkable
@@ -83,6 +100,7 @@ class WeightFormat:
     parameters (loaded by name, with no name mapping and no quantization
     wrapping: the core's ``dummy`` and ``sharded_state``), ``post_processed``
     when they are already in their final layout (no post-processing runs).
+    ``renaming`` is the format's renaming step (see :class:`WeightRenaming`), if any.
     """
 
     name: str
@@ -90,6 +108,7 @@ class WeightFormat:
     index: str | None = None
     parameter_names: bool = False
     post_processed: bool = False
+    renaming: WeightRenaming | None = attrs.field(default=None, eq=False)
     extra: dict[str, Any] = attrs.field(factory=dict, eq=False, hash=False)
 
 

@@ -206,6 +206,17 @@ def _guard_quantization_stream(method: str, stream: Iterable[tuple[str, Checkpoi
         raise PluginError(f"quantization {method!r} failed in wrap_weights: {type(exc).__name__}: {exc}") from exc
 
 
+def _guard_renaming(format_name: str, stream: Iterable[tuple[str, CheckpointTensor]]
+                    ) -> Iterator[tuple[str, CheckpointTensor]]:
+    """Pass a format's renamed stream through; a bug in its renaming becomes a :class:`PluginError`."""
+    try:
+        yield from stream
+    except LoadError:
+        raise
+    except Exception as exc:
+        raise PluginError(f"renaming of format {format_name!r} failed: {type(exc).__name__}: {exc}") from exc
+
+
 def _load_weights(model: nn.Module, stream: Iterator[tuple[str, CheckpointTensor]], arch: str) -> set[str]:
     """``model.load_weights(stream)``; a bug in the model plugin becomes a :class:`PluginError` naming it."""
     try:
@@ -260,7 +271,10 @@ def _build_and_fill(prepared: PreparedCheckpoint, options: LoadOptions, progress
     stats = ReadStats()
     totals = [0, 0]
     weight_format = prepared.weight_format
-    stream = reject_duplicates(hooks.iter_weights(prepared.source, weight_format, options, stats, host, model))
+    stream = hooks.iter_weights(prepared.source, weight_format, options, stats, host, model)
+    if weight_format.renaming is not None:
+        stream = _guard_renaming(weight_format.name, weight_format.renaming(stream, prepared.hf_config))
+    stream = reject_duplicates(stream)  # after renaming: two names for one tensor are one name twice
     if quant_config is not None and not weight_format.parameter_names:
         stream = _guard_quantization_stream(quant_config.name, quant_config.wrap_weights(stream))
     stream = _with_progress(_counting(stream, totals), progress)
