@@ -22,7 +22,8 @@ from ..checkpoint import Source, WeightFormat
 from ..errors import CheckpointFormatError, ConfigError, SourceNotFoundError
 from ..hf_files import read_json_object
 from ..options import LoadOptions
-from ..plugins import PluginHost
+from ..plugins import PluginHost, use_plugin_host
+from ..session import current_session
 from .remote_index import filter_by_remote_index
 
 __all__ = ["PreparedCheckpoint", "filter_weight_files", "is_training_artifact", "prepare_checkpoint"]
@@ -137,7 +138,14 @@ def filter_weight_files(source: Source, weight_format: WeightFormat) -> WeightFo
 
 
 def prepare_checkpoint(location: str, options: LoadOptions, host: PluginHost | None = None) -> PreparedCheckpoint:
-    """Resolve, detect, filter and read the config: step 1 of every load."""
+    """Resolve, detect, filter and read the config: step 1 of every load.
+
+    Runs in a session whose host is ``host`` (when given), so a plugin that calls
+    back into the hooks (the core's ``dummy`` format) reaches the same plugins.
+    """
+    if host is not None and current_session().host is not host:
+        with use_plugin_host(host):
+            return prepare_checkpoint(location, options, host)
     source = hooks.resolve_source(location, options, host)
     weight_format = filter_weight_files(source, hooks.detect_format(source, options.load_format, host))
     hf_config = hooks.read_config(source, weight_format, host)
