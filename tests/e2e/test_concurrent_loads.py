@@ -28,6 +28,14 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return found
 
 
+def _load(folder: Path, family: str, ids: torch.Tensor, results: dict[str, torch.Tensor],
+          errors: list[BaseException]) -> None:
+    try:
+        results[family] = loader.load_model(str(folder), dtype=LOADS[family])(ids)
+    except BaseException as exc:  # reported by the main thread
+        errors.append(exc)
+
+
 def test_llama_and_qwen_in_two_threads_equal_sequential_loads(folders: dict[str, Path]) -> None:
     ids = torch.tensor([[1, 7, 42, 255, 3]])
     expected = {family: loader.load_model(str(folders[family]), dtype=dtype)(ids)
@@ -36,14 +44,8 @@ def test_llama_and_qwen_in_two_threads_equal_sequential_loads(folders: dict[str,
     for _ in range(3):
         results: dict[str, torch.Tensor] = {}
         errors: list[BaseException] = []
-
-        def load(family: str) -> None:
-            try:
-                results[family] = loader.load_model(str(folders[family]), dtype=LOADS[family])(ids)
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=load, args=(family,)) for family in LOADS]
+        threads = [threading.Thread(target=_load, args=(folders[family], family, ids, results, errors))
+                   for family in LOADS]
         for thread in threads:
             thread.start()
         for thread in threads:
