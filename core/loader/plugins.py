@@ -42,6 +42,8 @@ CORE_PLUGINS = (
     ("core.sources", "loader.sources.builtin"),
     ("core.hf_files", "loader.hf_files"),
     ("core.postprocess", "loader.pipeline.postprocess"),
+    ("core.dummy", "loader.formats.dummy"),
+    ("core.sharded_state", "loader.formats.sharded_state"),
 )
 
 Status = Literal["loaded", "failed", "blocked"]
@@ -174,7 +176,10 @@ _host_lock = threading.Lock()
 
 
 def get_plugin_host() -> PluginHost:
-    """The process-wide host, built on first use."""
+    """The process-wide host, built on first use: the host of every load that names none.
+
+    A load's own host is its session's (:func:`loader.session.current_session`).
+    """
     global _host
     with _host_lock:
         if _host is None:
@@ -184,12 +189,11 @@ def get_plugin_host() -> PluginHost:
 
 @contextmanager
 def use_plugin_host(host: PluginHost) -> Iterator[PluginHost]:
-    """Make ``host`` the process-wide host for the duration (tests use fresh ones)."""
-    global _host
-    with _host_lock:
-        previous, _host = _host, host
-    try:
+    """Make ``host`` the load session's host for the block (this thread only; tests use fresh ones).
+
+    Nothing process-wide changes: another thread keeps its own session's host.
+    """
+    from .session import current_session, load_session
+
+    with load_session(attrs.evolve(current_session(), host=host)):
         yield host
-    finally:
-        with _host_lock:
-            _host = previous
