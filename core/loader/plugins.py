@@ -89,6 +89,11 @@ class PluginHost:
             hooks=_hooks_of(self.pm, view),
         )
 
+    def get_plugin(self, name: str) -> object | None:
+        """The plugin object registered under ``name`` (not pluggy's guarded view of it), or ``None``."""
+        view = self.pm.get_plugin(name)
+        return view.plugin if isinstance(view, GuardedPlugin) else view
+
     def unregister(self, name: str) -> None:
         self.pm.unregister(name=name)
         self.records.pop(name, None)

@@ -121,7 +121,7 @@ def test_sharded_checkpoint_from_bytes_loads_like_the_folder(folder: Path) -> No
     assert torch.equal(remote(ids), local(ids))
     assert report.load_format == FORMAT
     assert sorted(report.files) == sorted(f"memory://llama/{s}" for s in set(shards))
-    reader = host.pm.get_plugin("dict-source").readers["llama"]
+    reader = host.get_plugin("dict-source").readers["llama"]
     assert {"config.json", "model.safetensors.index.json"} <= set(reader.reads)
 
 
