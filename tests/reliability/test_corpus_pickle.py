@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 
 from loader.errors import CheckpointFormatError
 from tests.helpers.malformed import PICKLE_LAYOUTS, llama_tensors, write_code_running_pickle, write_config
+from tests.helpers.pickle_zips import data_record_names, repack_zip
 from tests.reliability.corpus import Built, CorpusCase, assert_load_refused, case_params
 
 BIN = "pytorch_model.bin"
@@ -55,6 +57,14 @@ def _nested(path: Path) -> None:
     torch.save({"state_dict": dict(llama_tensors())}, path)
 
 
+def _short_storage_record(path: Path) -> None:
+    saved = path.with_suffix(".saved")
+    torch.save(llama_tensors(), saved)
+    last = data_record_names(saved)[-1]
+    repack_zip(saved, path, edit=lambda name, data: data[:-4] if name == last else data)
+    saved.unlink()
+
+
 def _index_outside(folder: Path) -> Built:
     model = folder / "model"
     write_config(model)
@@ -76,6 +86,8 @@ CASES = [
     CorpusCase("bin-nested-state-dict", _bin(_nested, "entry 'state_dict' is a dict, expected a tensor"),
                CheckpointFormatError),
     CorpusCase("bin-index-parent-path", _index_outside, CheckpointFormatError),
+    CorpusCase("bin-storage-record-short", _bin(_short_storage_record, "storage record 'pytorch_model/data/",
+                                                "holds 8188 bytes", "needs 8192"), CheckpointFormatError),
 ]
 
 
@@ -106,3 +118,20 @@ def test_refusal_names_the_global_without_advising_to_turn_safety_off(tmp_path: 
     assert "unsupported global exec" in message
     assert "weights_only" not in message and "safe_globals" not in message
     assert len(message) < 300 + len(str(tmp_path)), message
+
+
+@pytest.mark.parametrize("compression", [zipfile.ZIP_DEFLATED, zipfile.ZIP_STORED])
+def test_repacked_bin_loads_the_same_model(tmp_path: Path, compression: int) -> None:
+    """A ``torch.save`` archive repacked by a zip tool loads the same weights (it used to load NaN logits)."""
+    import loader
+
+    saved, model = tmp_path / "saved", tmp_path / "model"
+    write_config(saved)
+    torch.save(llama_tensors(), saved / BIN)
+    write_config(model)
+    repack_zip(saved / BIN, model / BIN, compression=compression)
+    expected = loader.load_model(str(saved), dtype="float32").state_dict()
+    loaded = loader.load_model(str(model), dtype="float32").state_dict()
+    assert set(loaded) == set(expected)
+    for name, values in expected.items():
+        assert torch.equal(loaded[name], values), name
