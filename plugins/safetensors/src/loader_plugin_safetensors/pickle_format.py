@@ -69,6 +69,12 @@ def _refusal_detail(exc: BaseException) -> str:
     return detail or type(exc).__name__
 
 
+def _starts_like_a_zip(path: str) -> bool:
+    """torch.load's own test: a zip archive's first local header magic (a cut archive still has it)."""
+    with open(path, "rb") as fh:
+        return fh.read(4) == b"PK\x03\x04"
+
+
 def load_pt_file(path: str, stats: ReadStats | None = None) -> tuple[Mapping[str, Any], SharedDescriptor | None]:
     """Unpickle one file safely: a zip archive record by record, a legacy file whole with ``torch.load``.
 
@@ -83,7 +89,7 @@ def load_pt_file(path: str, stats: ReadStats | None = None) -> tuple[Mapping[str
 
     descriptor: SharedDescriptor | None = None
     try:
-        if zipfile.is_zipfile(path):
+        if _starts_like_a_zip(path):
             loaded, descriptor = load_zip_checkpoint(path, stats)
         else:
             loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=False)

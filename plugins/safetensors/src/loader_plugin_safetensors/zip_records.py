@@ -75,7 +75,9 @@ def read_zip_records(path: str, fh: BinaryIO) -> Mapping[str, ZipRecord]:
         with zipfile.ZipFile(fh) as archive:
             infos = archive.infolist()
     except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError) as exc:
-        raise CheckpointFormatError(f"{path}: not a readable zip archive ({exc})") from exc
+        raise CheckpointFormatError(
+            f"{path}: cannot read as a PyTorch checkpoint: the zip archive is damaged or truncated ({exc})"
+        ) from exc
     records: dict[str, ZipRecord] = {}
     for info in infos:
         if info.filename in records:
