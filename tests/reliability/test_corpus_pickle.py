@@ -65,6 +65,26 @@ def _short_storage_record(path: Path) -> None:
     saved.unlink()
 
 
+def _rebuilt(edit_names: dict[str, int | None], added: tuple[str, bytes] | None = None
+             ) -> Callable[[Path], None]:
+    """``torch.save`` output rebuilt with some records dropped (``None``) or given a compression method."""
+
+    def write(path: Path) -> None:
+        saved = path.with_suffix(".saved")
+        torch.save(llama_tensors(), saved)
+        with zipfile.ZipFile(saved) as original, zipfile.ZipFile(path, "w") as rebuilt:
+            for info in original.infolist():
+                suffix = info.filename.split("/", 1)[1]
+                method = edit_names.get(suffix, zipfile.ZIP_STORED)
+                if method is not None:
+                    rebuilt.writestr(info.filename, original.read(info), compress_type=method)
+            if added is not None:
+                rebuilt.writestr(f"{path.stem}/{added[0]}", added[1])
+        saved.unlink()
+
+    return write
+
+
 def _index_outside(folder: Path) -> Built:
     model = folder / "model"
     write_config(model)
@@ -88,6 +108,16 @@ CASES = [
     CorpusCase("bin-index-parent-path", _index_outside, CheckpointFormatError),
     CorpusCase("bin-storage-record-short", _bin(_short_storage_record, "storage record 'pytorch_model/data/",
                                                 "holds 8188 bytes", "needs 8192"), CheckpointFormatError),
+    CorpusCase("bin-zip-record-twice", _bin(_rebuilt({}, ("data.pkl", b"\x80\x02N.")),
+                                            "zip record 'pytorch_model/data.pkl' appears twice"),
+               CheckpointFormatError),
+    CorpusCase("bin-zip-bzip2-record", _bin(_rebuilt({"data/3": zipfile.ZIP_BZIP2}),
+                                            "zip record 'pytorch_model/data/3' uses compression method 12"),
+               CheckpointFormatError),
+    CorpusCase("bin-zip-no-version", _bin(_rebuilt({"version": None}),
+                                          "has no 'pytorch_model/version' record"), CheckpointFormatError),
+    CorpusCase("bin-zip-storage-missing", _bin(_rebuilt({"data/5": None}), "names storage '5'",
+                                               "no record 'pytorch_model/data/5'"), CheckpointFormatError),
 ]
 
 

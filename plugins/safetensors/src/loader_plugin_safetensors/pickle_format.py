@@ -75,6 +75,19 @@ def _starts_like_a_zip(path: str) -> bool:
         return fh.read(4) == b"PK\x03\x04"
 
 
+def _load_legacy(path: str) -> Any:
+    """``torch.load`` of a pre-1.6 (or bare) pickle, whatever the untrusted bytecode makes it raise worded
+    as an unpickling failure (the weights-only unpickler lets ``IndexError`` and others through)."""
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=False)
+    except (pickle.UnpicklingError, OSError, RuntimeError, EOFError, ValueError):
+        raise
+    except Exception as exc:
+        raise pickle.UnpicklingError(f"{type(exc).__name__}: {exc}") from exc
+
+
 def load_pt_file(path: str, stats: ReadStats | None = None) -> tuple[Mapping[str, Any], SharedDescriptor | None]:
     """Unpickle one file safely: a zip archive record by record, a legacy file whole with ``torch.load``.
 
@@ -83,8 +96,6 @@ def load_pt_file(path: str, stats: ReadStats | None = None) -> tuple[Mapping[str
 
     :raises CheckpointFormatError: if the file would execute code when unpickled, or is not a checkpoint.
     """
-    import torch
-
     from .pickle_zip import load_zip_checkpoint
 
     descriptor: SharedDescriptor | None = None
@@ -92,7 +103,7 @@ def load_pt_file(path: str, stats: ReadStats | None = None) -> tuple[Mapping[str
         if _starts_like_a_zip(path):
             loaded, descriptor = load_zip_checkpoint(path, stats)
         else:
-            loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=False)
+            loaded = _load_legacy(path)
     except pickle.UnpicklingError as exc:
         detail = _refusal_detail(exc)
         if "global" in detail.lower():

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import io
 import pickle
+import re
 from collections.abc import Mapping
 from typing import Any, BinaryIO
 
 import attrs
 import torch
 
-from loader.errors import CheckpointFormatError, LoadError
+from loader.errors import CheckpointFormatError, LoadError, UnsupportedError
 from loader.weights import ReadStats
 
 from .dtypes import DTYPES, SafetensorsDType
@@ -41,6 +42,9 @@ from .tensor import SafetensorsTensor
 from .zip_records import ZipRecord, read_record, read_zip_records
 
 __all__ = ["load_zip_checkpoint"]
+
+_MIN_VERSION, _MAX_VERSION = 1, 10
+"""The archive versions torch 2.13's reader accepts (caffe2/serialize/versions.h)."""
 
 _BY_TORCH_DTYPE: dict[Any, SafetensorsDType] = {getattr(torch, d.torch_name, None): d for d in DTYPES.values()}
 
@@ -69,9 +73,26 @@ class _Archive:
         if pickled is None:
             raise CheckpointFormatError(f"{path}: the zip archive has no '{self.prefix}/data.pkl' record")
         self.pickled = pickled
+        self._check_version()
         self.big_endian = self._big_endian()
         self.storages: dict[str, _Storage] = {}
         self.by_meta: dict[int, _Storage] = {}
+
+    def _check_version(self) -> None:
+        """torch's reader needs the archive's format version (``version`` or ``.data/version``), 1 to 10."""
+        record = self.records.get(f"{self.prefix}/.data/version") or self.records.get(f"{self.prefix}/version")
+        if record is None:
+            raise CheckpointFormatError(f"{self.path}: the zip archive has no '{self.prefix}/version' record")
+        text = read_record(self.path, self.fh, record) if record.size <= 32 else b""
+        number = re.match(rb"\s*(\d{1,6})", text)  # what C++'s stoull, torch's parser, accepts
+        if number is None or not _MIN_VERSION <= int(number.group(1)) <= _MAX_VERSION:
+            raise UnsupportedError(f"{self.path}: record {record.name!r} holds archive version {text[:32]!r}; "
+                                   f"expected an integer from {_MIN_VERSION} to {_MAX_VERSION}")
+        alignment = self.records.get(f"{self.prefix}/.storage_alignment")
+        text = read_record(self.path, self.fh, alignment) if alignment is not None and alignment.size <= 32 else b"64"
+        if not re.fullmatch(rb"\s*[+-]?\d+\s*", text):  # torch.load reads it with int(), or refuses the file
+            raise CheckpointFormatError(f"{self.path}: record '{self.prefix}/.storage_alignment' holds "
+                                        f"{text[:32]!r}, expected an integer")
 
     def _big_endian(self) -> bool:
         record = self.records.get(f"{self.prefix}/byteorder")
