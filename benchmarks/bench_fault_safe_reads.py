@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from loader_plugin_safetensors import open_checkpoint_file
+from loader_plugin_safetensors import open_checkpoint_file, tensor_read
 from loader_plugin_safetensors.parallel_read import read_layout
 from loader_plugin_safetensors.tensor import SafetensorsTensor
 
@@ -79,7 +79,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=int, default=256)
     parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--chunk-mb", type=float, default=None,
+                        help="override tensor_read.BOUNCE_CHUNK_BYTES (the conversion's chunk)")
     args = parser.parse_args()
+    if args.chunk_mb is not None:
+        tensor_read.BOUNCE_CHUNK_BYTES = int(args.chunk_mb * (1 << 20))
     from safetensors.torch import save_file
 
     cols = 4096  # 8 KiB rows of bf16; the TP narrow keeps 4 KiB of each (the gather path)
@@ -118,6 +122,7 @@ def main() -> None:
         os.close(fd)
     nbytes = rows * cols * 2
     print(f"{nbytes / 2**20:.0f} MiB bf16 tensor ({rows} x {cols}), warm page cache, {args.reps} reps, "
+          f"conversion chunk {tensor_read.BOUNCE_CHUNK_BYTES / 2**20:g} MiB, "
           f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, torch threads {torch.get_num_threads()}")
     print("| read | old (map) median s | new (bounce) median s | new ÷ old | new source GB/s |")
     print("|---|---:|---:|---:|---:|")

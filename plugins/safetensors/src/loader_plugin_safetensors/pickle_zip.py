@@ -84,7 +84,7 @@ class _Archive:
         if record is None:
             raise CheckpointFormatError(f"{self.path}: the zip archive has no '{self.prefix}/version' record")
         text = read_record(self.path, self.fh, record) if record.size <= 32 else b""
-        number = re.match(rb"\s*(\d{1,6})", text)  # what C++'s stoull, torch's parser, accepts
+        number = re.match(rb"\s*(\d+)", text[:32])  # what C++'s stoull, torch's parser, accepts
         if number is None or not _MIN_VERSION <= int(number.group(1)) <= _MAX_VERSION:
             raise UnsupportedError(f"{self.path}: record {record.name!r} holds archive version {text[:32]!r}; "
                                    f"expected an integer from {_MIN_VERSION} to {_MAX_VERSION}")
