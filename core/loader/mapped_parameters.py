@@ -314,6 +314,9 @@ def _populate(address: int, length: int, loaded: CheckpointTensor) -> None:
     code = ctypes.get_errno()
     if code in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
         return  # an older kernel: pages fault in on first use instead
+    if code == errno.EFAULT:  # the kernel's answer where touching the page would have been a SIGBUS
+        raise CheckpointFormatError(f"{loaded.describe()}: the file's pages are gone: the file was truncated "
+                                    "while it was being loaded")
     raise CheckpointFormatError(f"{loaded.describe()}: cannot read the file's pages: {os.strerror(code)}")
 
 
