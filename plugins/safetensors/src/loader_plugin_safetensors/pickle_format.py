@@ -101,7 +101,11 @@ def load_pt_file(path: str, stats: ReadStats | None = None) -> tuple[Mapping[str
     descriptor: SharedDescriptor | None = None
     try:
         if _starts_like_a_zip(path):
-            loaded, descriptor = load_zip_checkpoint(path, stats)
+            try:
+                loaded, descriptor = load_zip_checkpoint(path, stats)
+            except (CheckpointFormatError, pickle.UnpicklingError):
+                _name_unusual_tensor(path)
+                raise
         else:
             loaded = _load_legacy(path)
     except pickle.UnpicklingError as exc:
@@ -122,6 +126,24 @@ def load_pt_file(path: str, stats: ReadStats | None = None) -> tuple[Mapping[str
             f"{path}: expected a state dict (a mapping of names to tensors), found {type(loaded).__name__}"
         )
     return loaded, descriptor
+
+
+def _name_unusual_tensor(path: str) -> None:
+    """After the lazy reader refused an archive, name the entry that made it refuse, if ``torch.load`` can.
+
+    The lazy reader rebuilds tensors over meta storages, so a quantized or
+    sparse tensor fails inside the unpickler, before its state-dict name is
+    known. ``torch.load`` (weights only) rebuilds such tensors for real; its
+    result is checked entry by entry for the named error. Runs only on the
+    failure path, so a good checkpoint is never read twice.
+    """
+    try:
+        loaded = _load_legacy(path)
+    except Exception:  # noqa: BLE001 - torch refuses too: the caller's own error stands
+        return
+    if isinstance(loaded, Mapping):
+        for name, value in loaded.items():
+            _check_entry(path, name, value)
 
 
 def _check_entry(path: str, name: object, value: object) -> None:

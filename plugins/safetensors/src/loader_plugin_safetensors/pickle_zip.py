@@ -156,8 +156,9 @@ class _Archive:
         """A lazy handle for one unpickled tensor, or the tensor read into memory."""
         if tensor.device.type != "meta":
             return tensor  # rebuilt from plain data in the pickle (a numpy array), already in memory
-        storage = self.by_meta.get(id(tensor.untyped_storage()))
-        if storage is None or tensor.layout != torch.strided or tensor.is_quantized:
+        plain = tensor.layout == torch.strided and not tensor.is_quantized  # before touching its storage
+        storage = self.by_meta.get(id(tensor.untyped_storage())) if plain else None
+        if storage is None:
             raise CheckpointFormatError(f"{self.path}: entry {name!r} is not a plain dense tensor "
                                         f"(layout {tensor.layout}, dtype {tensor.dtype})")
         itemsize = tensor.element_size()
