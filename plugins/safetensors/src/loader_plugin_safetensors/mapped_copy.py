@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from loader.file_reads import truncated_error
+from loader.io import truncated_error
 
 if TYPE_CHECKING:
     from .tensor import SafetensorsTensor
