@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from loader._options import LoadOptions
+from loader._sources.builtin import loader_resolve_source, looks_like_hub_id
 from loader.errors import SourceNotFoundError
-from loader.options import LoadOptions
-from loader.sources.builtin import loader_resolve_source, looks_like_hub_id
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import loader
+from loader._sharded.save import save_sharded
 from loader.errors import SourceNotFoundError, UnsupportedError
-from loader.sharded.save import save_sharded
 from tests.helpers.hf_checkpoints import save_checkpoint
 
 WORKER = Path(__file__).parent / "scripts" / "sharded_worker.py"
@@ -85,7 +85,7 @@ def test_tp2_sharded_state_matches_full_checkpoint(llama_checkpoint: Path, tmp_p
 
 def test_sharded_state_loads_without_any_safetensors_plugin(llama_checkpoint: Path, tmp_path: Path) -> None:
     """The core reads its own part files: no plugin serving the 'safetensors' format is needed."""
-    from loader.plugins import create_plugin_host
+    from loader._plugins import create_plugin_host
 
     save_sharded(str(llama_checkpoint), tmp_path / "own", tp_size=1, dtype="float32")
     host = create_plugin_host(environ={"LOADER_DISABLE_PLUGINS": "safetensors"})

@@ -1,7 +1,7 @@
 """The whole corpus through ``loader load``: exit code 2, one ``error:`` line naming the culprit, no traceback.
 
-Most cases run the CLI in-process (``loader.cli.main.main``) to keep the suite
-fast; a few run ``python -m loader.cli.main`` for real, so the console path
+Most cases run the CLI in-process (``loader._cli.main.main``) to keep the suite
+fast; a few run ``python -m loader._cli.main`` for real, so the console path
 (interpreter start, plugin discovery, exit status) is covered too.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from loader.cli.main import main
+from loader._cli.main import main
 from tests.reliability import (
     test_corpus_bnb,
     test_corpus_config,
@@ -66,7 +66,7 @@ def test_cli_in_a_real_process(case_id: str, tmp_path: Path) -> None:
     built = case.build(tmp_path)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
-        [sys.executable, "-m", "loader.cli.main", "load", str(built.source)],
+        [sys.executable, "-m", "loader._cli.main", "load", str(built.source)],
         capture_output=True, text=True, timeout=120, env=env, check=False,
     )
     assert done.returncode == 2, done.stderr

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
+from loader._hooks import read_config
+from loader._plugins import create_plugin_host
 from loader.checkpoint import Source, WeightFormat
 from loader.errors import ConfigError, UnsupportedError
-from loader.hooks import read_config
-from loader.plugins import create_plugin_host
 from loader_plugin_mistral.model import parse_mistral_config
 from loader_plugin_mistral.native_config import native_params_to_hf
 

@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from loader.errors import ConfigError, UnsupportedError
-from loader.layers.rotary_embedding import ROPE_SCALING_FIELDS
+from loader.layers import ROPE_SCALING_FIELDS
 
 from .config_fields import ConfigFields
 

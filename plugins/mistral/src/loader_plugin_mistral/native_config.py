@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from loader.checkpoint import read_json_object
 from loader.errors import ConfigError, UnsupportedError
-from loader.hf_files import read_json_object
 
 __all__ = ["native_params_to_hf", "read_native_config"]
 DEFAULT_MAX_POSITIONS = 32768

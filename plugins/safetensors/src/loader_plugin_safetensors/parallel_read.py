@@ -16,7 +16,7 @@ Three strategies, chosen from the layout alone:
   map; 16 KiB rows 8 vs 14 GB/s). Not a map: a file cut short while it is read
   must give a short read (an error), not a ``SIGBUS`` (issue 16, item 9).
 
-The threads are the core's shared pool (:mod:`loader.io_pool`, ``LOADER_READ_THREADS``).
+The threads are the core's shared pool (:mod:`loader.io`, ``LOADER_READ_THREADS``).
 
 The caller counts bytes; this module only moves them. A file that ends before
 the bytes the header promised raises :class:`~loader.errors.CheckpointFormatError`.
@@ -30,10 +30,9 @@ from functools import partial
 
 import numpy as np
 
-from loader.file_reads import pread_exactly
-from loader.io_pool import io_pool as read_pool
-from loader.io_pool import io_threads as read_threads
-from loader.io_pool import run_in_pool
+from loader.io import io_pool as read_pool
+from loader.io import io_threads as read_threads
+from loader.io import pread_exactly, run_in_pool
 
 from .byte_layout import ByteLayout
 from .staging import staging_buffer

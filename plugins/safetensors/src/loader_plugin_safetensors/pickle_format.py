@@ -41,7 +41,7 @@ class CountedEagerTensor(EagerTensor):
         self.stats = stats
 
     def narrow(self, dim: int, start: int, length: int) -> CountedEagerTensor:
-        dim = self._check_narrow(dim, start, length)
+        dim = self.check_narrow(dim, start, length)
         return CountedEagerTensor(self.tensor.narrow(dim, start, length), self.name, self.file, self.stats)
 
     def _count(self) -> None:

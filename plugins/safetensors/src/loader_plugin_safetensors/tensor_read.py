@@ -18,7 +18,7 @@ file is a ``SIGBUS`` that kills the process, while a positioned read returns
 short and becomes a :class:`~loader.errors.CheckpointFormatError` naming the
 file and tensor. What the bounce costs against converting straight out of a
 map is in benchmarks/RESULTS.md (issue 16, item 9). Mapped *parameters*
-(:mod:`loader.mapped_parameters`) are the one place file pages outlive a read.
+(:func:`loader.weights.fill_parameter`) are the one place file pages outlive a read.
 
 CPU destinations are first offered transparent huge pages
 (:mod:`.memory_hints`). Every read adds its bytes to the tensor's

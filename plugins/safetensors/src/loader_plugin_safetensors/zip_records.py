@@ -30,7 +30,7 @@ from typing import BinaryIO
 import attrs
 
 from loader.errors import CheckpointFormatError
-from loader.file_reads import truncated_error
+from loader.io import truncated_error
 
 __all__ = ["STORED", "DEFLATED", "ZipRecord", "read_record", "read_zip_records"]
 
