@@ -17,6 +17,7 @@ from typing import Any
 from .checkpoint import Source, TokenizerBundle, WeightFormat
 from .errors import ConfigError, LoadError
 from .hookspecs import hookimpl
+from .model_folder import require_inside
 
 __all__ = [
     "FileBytes",
@@ -25,6 +26,7 @@ __all__ = [
     "loader_read_config",
     "read_json_object",
     "read_source_file",
+    "side_file",
 ]
 
 MAX_JSON_BYTES = 64 * 1024 * 1024
@@ -79,14 +81,25 @@ def read_source_file(source: Source, name: str, limit: int = MAX_JSON_BYTES) -> 
     return data
 
 
+def side_file(folder: Path, name: str) -> Path | None:
+    """``folder / name`` if it is a file there; ``None`` if absent; refused if it links out of the folder.
+
+    :raises ConfigError: the name is a link resolving outside the folder (see :mod:`loader.model_folder`).
+    """
+    path = folder / name
+    if path.is_symlink():
+        require_inside(path, folder, error=ConfigError)
+    return path if path.is_file() else None
+
+
 @hookimpl(trylast=True)
 def loader_read_config(source: Source, weight_format: WeightFormat) -> Mapping[str, Any] | None:
     folder = source.directory
     if folder is None:
         data = read_source_file(source, "config.json")
         return None if data is None else read_json_object(data, "config.json", source.file_uri("config.json"))
-    path = folder / "config.json"
-    if not path.is_file():
+    path = side_file(folder, "config.json")
+    if path is None:
         return None
     return read_json_object(path, "config.json")
 
@@ -97,8 +110,8 @@ FileBytes = Callable[[str], "bytes | None"]
 
 def _folder_bytes(folder: Path) -> FileBytes:
     def read(name: str) -> bytes | None:
-        path = folder / name
-        return path.read_bytes() if path.is_file() else None
+        path = side_file(folder, name)
+        return path.read_bytes() if path is not None else None
 
     return read
 

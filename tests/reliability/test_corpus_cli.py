@@ -22,6 +22,7 @@ from tests.reliability import (
     test_corpus_gguf,
     test_corpus_pickle,
     test_corpus_safetensors,
+    test_hub_cache,
 )
 from tests.reliability.corpus import CorpusCase, case_params, check_built
 
@@ -32,6 +33,7 @@ ALL_CASES: list[CorpusCase] = [
     *test_corpus_gguf.CASES,
     *test_corpus_bnb.CASES,
     *test_corpus_contract.CASES,
+    *test_hub_cache.CASES,
 ]
 
 SUBPROCESS_CASES = ("truncated-mid-tensor", "hidden-size-not-integer", "bin-runs-code-zip", "gguf-wrong-magic",

@@ -336,7 +336,7 @@ def test_a_gap_between_tensors_is_tolerated_and_values_are_exact(tmp_path: Path)
 
 
 def test_symlink_inside_the_model_folder_is_allowed(tmp_path: Path) -> None:
-    """Hub caches link every file to a blob; a link that stays inside the folder is fine."""
+    """A link that stays inside the model folder is fine (the real Hub cache: ``test_hub_cache.py``)."""
     model = tmp_path / "model"
     tensors = write_llama_checkpoint(model)
     shard = _second_shard(model)

@@ -53,11 +53,22 @@ def _exists_and_is_readable(path: Path) -> bool:
     return True
 
 
+def _resolved_keeping_file_name(path: Path) -> Path:
+    """``path`` resolved, except that a file reached through a link keeps its own name and folder.
+
+    A file of a Hugging Face cache snapshot is a link to ``blobs/<sha256>``: resolved whole, it
+    would lose the name that says its format and the folder that holds its ``config.json``.
+    """
+    if path.is_symlink() and not path.is_dir():
+        return path.parent.resolve() / path.name
+    return path.resolve()
+
+
 @hookimpl(trylast=True)
 def loader_resolve_source(location: str, options: LoadOptions) -> Source | None:
     path = Path(location).expanduser()
     if _exists_and_is_readable(path):
-        return Source(location=location, path=path.resolve(), revision=options.revision)
+        return Source(location=location, path=_resolved_keeping_file_name(path), revision=options.revision)
     if "://" in location or location.startswith(("/", ".", "~")):
         return None
     if looks_like_hub_id(location):
