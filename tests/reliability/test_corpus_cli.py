@@ -22,6 +22,7 @@ from tests.reliability import (
     test_corpus_gguf,
     test_corpus_pickle,
     test_corpus_safetensors,
+    test_gguf_layout,
     test_hub_cache,
 )
 from tests.reliability.corpus import CorpusCase, case_params, check_built
@@ -34,6 +35,7 @@ ALL_CASES: list[CorpusCase] = [
     *test_corpus_bnb.CASES,
     *test_corpus_contract.CASES,
     *test_hub_cache.CASES,
+    *test_gguf_layout.CASES,
 ]
 
 SUBPROCESS_CASES = ("truncated-mid-tensor", "hidden-size-not-integer", "bin-runs-code-zip", "gguf-wrong-magic",

@@ -8,6 +8,7 @@ the header once with ``struct`` over the bytes of the file, checks every count a
 bytes that are left *before* it loops or allocates, and raises a
 :class:`~loader.errors.LoadError` subclass naming the file (and the key or tensor) for each
 problem. gguf-py still provides the constants (value types, ggml types and block sizes).
+The tensor table is then checked against ggml's layout rules in :mod:`.tensor_table`.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from typing import Any
 
 import attrs
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from gguf.constants import GGUFValueType
 
 from loader.errors import CheckpointFormatError, UnsupportedError
+
+from .tensor_table import TableEntry, TensorInfo, alignment_of, build_tensor_table
 
 __all__ = ["GGUF_MAGIC", "SUPPORTED_VERSIONS", "GGUFHeader", "TensorInfo", "read_header", "sniff"]
 
@@ -35,7 +38,6 @@ MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, smallest value
 MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # name length, n_dims, type, offset
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ARRAY_DEPTH = 4
-DEFAULT_ALIGNMENT = 32
 _U64 = struct.Struct("<Q")
 
 _SCALARS: dict[int, tuple[str, Any]] = {
@@ -46,24 +48,6 @@ _SCALARS: dict[int, tuple[str, Any]] = {
     GGUFValueType.UINT64: ("<Q", np.uint64), GGUFValueType.INT64: ("<q", np.int64),
     GGUFValueType.FLOAT64: ("<d", np.float64),
 }
-
-
-@attrs.frozen
-class TensorInfo:
-    """One entry of the tensor table. ``shape`` is in torch order (``(out, in)``), the reverse of ggml's."""
-
-    name: str
-    shape: tuple[int, ...]
-    ggml_type: int
-    offset: int  # absolute offset of the first byte in the file
-    nbytes: int
-
-    @property
-    def type_name(self) -> str:
-        try:
-            return GGMLQuantizationType(self.ggml_type).name
-        except ValueError:
-            return f"type {self.ggml_type}"
 
 
 @attrs.frozen
@@ -197,17 +181,7 @@ def _read_string_array(cur: _Cursor, count: int, key: str) -> list[str]:
     return out
 
 
-def _block_size(info_name: str, ggml_type: int, path: Path) -> tuple[int, int]:
-    try:
-        qtype = GGMLQuantizationType(ggml_type)
-        return GGML_QUANT_SIZES[qtype]
-    except (ValueError, KeyError):
-        raise UnsupportedError(
-            f"{path}: tensor {info_name!r} has ggml type {ggml_type}, which no GGUF reader knows"
-        ) from None
-
-
-def _read_tensor_info(cur: _Cursor, index: int) -> tuple[str, tuple[int, ...], int, int]:
+def _read_tensor_info(cur: _Cursor, index: int) -> TableEntry:
     name = cur.string(f"the name of tensor #{index}")
     n_dims = cur.unpack("<I", 4, f"the rank of tensor {name!r}")
     if not 1 <= n_dims <= MAX_DIMS:
@@ -259,49 +233,20 @@ def _parse(path: Path) -> GGUFHeader:
                     f"bytes, but only {cur.left()} are left in the file"
                 )
         metadata: dict[str, Any] = {}
+        value_types: dict[str, int] = {}
         for i in range(kv_count):
             key = cur.string(f"the name of metadata key #{i}")
             vtype = cur.unpack("<I", 4, f"the type of metadata key {key!r}")
             if key in metadata:
                 raise CheckpointFormatError(f"{path}: metadata key {key!r} appears twice")
+            value_types[key] = vtype
             metadata[key] = _read_value(cur, vtype, key)
         entries = [_read_tensor_info(cur, i) for i in range(tensor_count)]
         header_end = cur.pos
-    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-        raise CheckpointFormatError(f"{path}: metadata key 'general.alignment' is {alignment!r}; "
-                                    "expected a power of two")
+    alignment = alignment_of(path, metadata, value_types)
     data_start = -(-header_end // alignment) * alignment
-    tensors = []
-    seen: set[str] = set()
-    for name, shape, ggml_type, offset in entries:
-        if name in seen:
-            raise CheckpointFormatError(f"{path}: tensor {name!r} appears twice in the tensor table")
-        seen.add(name)
-        block, type_size = _block_size(name, ggml_type, path)
-        if 0 in shape:
-            raise CheckpointFormatError(f"{path}: tensor {name!r} has a zero-length dimension (shape {shape}); "
-                                        "model weights are never empty")
-        if shape[-1] % block:
-            raise CheckpointFormatError(
-                f"{path}: tensor {name!r} has rows of {shape[-1]} values, not a multiple of the "
-                f"{GGMLQuantizationType(ggml_type).name} block size {block}"
-            )
-        if offset % alignment:
-            raise CheckpointFormatError(f"{path}: tensor {name!r} starts at data offset {offset}, "
-                                        f"not a multiple of the alignment {alignment}")
-        n = 1
-        for d in shape:
-            n *= d
-        nbytes = n // block * type_size
-        start = data_start + offset
-        if start + nbytes > size:
-            raise CheckpointFormatError(
-                f"{path}: tensor {name!r} data runs past the end of the file: it needs bytes "
-                f"[{start}, {start + nbytes}) but the file has {size} bytes"
-            )
-        tensors.append(TensorInfo(name, shape, ggml_type, start, nbytes))
-    return GGUFHeader(path=path, version=version, metadata=metadata, tensors=tuple(tensors),
+    tensors = build_tensor_table(path, entries, data_start=data_start, alignment=alignment, file_size=size)
+    return GGUFHeader(path=path, version=version, metadata=metadata, tensors=tensors,
                       data_start=data_start, file_size=size)
 
 
