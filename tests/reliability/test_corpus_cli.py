@@ -16,6 +16,7 @@ import pytest
 
 from loader.cli.main import main
 from tests.reliability import (
+    test_bounded_resources,
     test_corpus_bnb,
     test_corpus_config,
     test_corpus_contract,
@@ -36,6 +37,7 @@ ALL_CASES: list[CorpusCase] = [
     *test_corpus_contract.CASES,
     *test_hub_cache.CASES,
     *test_gguf_layout.CASES,
+    *test_bounded_resources.CASES,
 ]
 
 SUBPROCESS_CASES = ("truncated-mid-tensor", "hidden-size-not-integer", "bin-runs-code-zip", "gguf-wrong-magic",

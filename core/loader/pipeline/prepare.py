@@ -29,6 +29,9 @@ from .remote_index import filter_by_remote_index
 
 __all__ = ["PreparedCheckpoint", "filter_weight_files", "is_training_artifact", "prepare_checkpoint"]
 
+MAX_INDEX_FILES = 65_536
+"""Different shard files one index may name: far above any published checkpoint (hundreds), and a
+bound on the file-system calls a hostile index can ask for (each file is checked once)."""
 TRAINING_ARTIFACTS = ("training_args.bin", "optimizer.*", "scheduler.pt", "scaler.pt", "rng_state*")
 
 
@@ -72,11 +75,19 @@ def _index_files(index_path: Path, folder: Path, boundary: FolderBoundary) -> se
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointFormatError(f"{index_path}: 'weight_map' must be a non-empty object of tensor -> file")
-    named: set[Path] = set()
-    present: set[Path] = set()
+    first_tensor: dict[str, str] = {}  # each file once, however many tensors name it
     for tensor, file in weight_map.items():
         if not isinstance(file, str) or not file:
             raise CheckpointFormatError(f"{index_path}: weight_map[{tensor!r}] must be a file name, found {file!r}")
+        first_tensor.setdefault(file, tensor)
+    if len(first_tensor) > MAX_INDEX_FILES:
+        raise CheckpointFormatError(
+            f"{index_path}: weight_map names {len(first_tensor)} different files, more than the "
+            f"{MAX_INDEX_FILES} a checkpoint may be split into"
+        )
+    named: set[Path] = set()
+    present: set[Path] = set()
+    for file, tensor in first_tensor.items():
         rel = PurePosixPath(file)
         if rel.is_absolute() or ".." in rel.parts:
             raise CheckpointFormatError(

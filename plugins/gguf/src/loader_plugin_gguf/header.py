@@ -37,7 +37,13 @@ FIXED_HEADER = 24  # magic, version, tensor count, kv count
 MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, smallest value
 MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # name length, n_dims, type, offset
 MAX_DIMS = 4  # GGML_MAX_DIMS
-MAX_ARRAY_DEPTH = 4
+# Limits on what a header may make us build, each far above any published model (tens of keys,
+# ~2,000 tensors for the largest MoE split per expert, vocabulary + merges under 1M strings) and
+# each bounding memory and time whatever the file claims: strings cost ~6x their bytes as
+# Python objects, a tensor entry ~10x. Arrays of arrays are refused outright, as gguf_init does.
+MAX_METADATA_KEYS = 65_536
+MAX_TENSORS = 262_144
+MAX_METADATA_STRINGS = 4_194_304
 _U64 = struct.Struct("<Q")
 
 _SCALARS: dict[int, tuple[str, Any]] = {
@@ -80,6 +86,16 @@ class _Cursor:
         self.path = path
         self.size = size
         self.pos = 0
+        self.strings = 0  # string values read so far, against MAX_METADATA_STRINGS
+
+    def count_strings(self, count: int, key: str) -> None:
+        """Refuse ``count`` more string values for ``key`` past the header's limit, before reading them."""
+        if self.strings + count > MAX_METADATA_STRINGS:
+            raise CheckpointFormatError(
+                f"{self.path}: metadata key {key!r} holds {count} strings, past the {MAX_METADATA_STRINGS} a "
+                f"GGUF header may hold in all ({self.strings} read before it)"
+            )
+        self.strings += count
 
     def left(self) -> int:
         return self.size - self.pos
@@ -112,17 +128,15 @@ class _Cursor:
             raise CheckpointFormatError(f"{self.path}: {what} is not valid UTF-8 ({exc.reason})") from exc
 
 
-def _read_value(cur: _Cursor, vtype: int, key: str, depth: int = 0) -> Any:
+def _read_value(cur: _Cursor, vtype: int, key: str) -> Any:
     if vtype in _SCALARS:
         fmt, np_type = _SCALARS[vtype]
         width = np.dtype(np_type).itemsize
         return cur.unpack(fmt, width, f"the value of metadata key {key!r}")
     if vtype == GGUFValueType.STRING:
+        cur.count_strings(1, key)
         return cur.string(f"metadata key {key!r}")
     if vtype == GGUFValueType.ARRAY:
-        if depth >= MAX_ARRAY_DEPTH:
-            raise CheckpointFormatError(f"{cur.path}: metadata key {key!r} nests arrays deeper than "
-                                        f"{MAX_ARRAY_DEPTH} levels")
         item_type = cur.unpack("<I", 4, f"the item type of metadata key {key!r}")
         count = cur.unpack("<Q", 8, f"the length of metadata key {key!r}")
         if item_type in _SCALARS:
@@ -137,18 +151,19 @@ def _read_value(cur: _Cursor, vtype: int, key: str, depth: int = 0) -> Any:
                                    offset=cur.pos).copy()
             cur.pos += count * width
             return values
-        min_item = 8 if item_type == GGUFValueType.STRING else 12
-        if item_type not in (GGUFValueType.STRING, GGUFValueType.ARRAY):
+        if item_type == GGUFValueType.ARRAY:
+            raise CheckpointFormatError(f"{cur.path}: metadata key {key!r} holds an array of arrays, which "
+                                        "ggml's gguf_init refuses (GGUF arrays hold scalars or strings)")
+        if item_type != GGUFValueType.STRING:
             raise CheckpointFormatError(f"{cur.path}: metadata key {key!r} holds an array of unknown "
                                         f"value type {item_type}")
-        if count * min_item > cur.left():
+        if count * 8 > cur.left():
             raise CheckpointFormatError(
                 f"{cur.path}: truncated or corrupt file: metadata key {key!r} claims an array of {count} "
                 f"items, but only {cur.left()} bytes are left in the file"
             )
-        if item_type == GGUFValueType.STRING:
-            return _read_string_array(cur, count, key)
-        return [_read_value(cur, item_type, key, depth + 1) for _ in range(count)]
+        cur.count_strings(count, key)
+        return _read_string_array(cur, count, key)
     raise CheckpointFormatError(f"{cur.path}: metadata key {key!r} has unknown value type {vtype}")
 
 
@@ -232,6 +247,11 @@ def _parse(path: Path) -> GGUFHeader:
                     f"{path}: truncated or corrupt file: {what} {count} needs at least {count * least} "
                     f"bytes, but only {cur.left()} are left in the file"
                 )
+        for what, count, limit in (("metadata keys", kv_count, MAX_METADATA_KEYS),
+                                   ("tensors", tensor_count, MAX_TENSORS)):
+            if count > limit:
+                raise CheckpointFormatError(f"{path}: the header lists {count} {what}; a GGUF file may hold "
+                                            f"at most {limit}")
         metadata: dict[str, Any] = {}
         value_types: dict[str, int] = {}
         for i in range(kv_count):
