@@ -21,12 +21,12 @@ import attrs
 
 from .errors import CheckpointFormatError, LoadError
 
-__all__ = ["FolderBoundary", "allowed_roots", "require_inside"]
+__all__ = ["FolderBoundary", "allowed_roots", "cache_repository", "require_inside"]
 
 CACHE_REPO_PREFIX = "models--"
 
 
-def _cache_repository(folder: Path) -> Path | None:
+def cache_repository(folder: Path) -> Path | None:
     """``<cache>/models--org--name`` when ``folder`` (resolved) is a snapshot or a sub-folder of one."""
     for snapshot in (folder, *folder.parents):
         if snapshot.parent.name == "snapshots" and snapshot.parent.parent.name.startswith(CACHE_REPO_PREFIX):
@@ -37,7 +37,7 @@ def _cache_repository(folder: Path) -> Path | None:
 def allowed_roots(folder: Path) -> tuple[Path, ...]:
     """The resolved folders a file of ``folder`` may resolve into: the folder, and its cache repo's blobs."""
     root = folder.resolve()
-    repository = _cache_repository(root)
+    repository = cache_repository(root)
     if repository is None:
         return (root,)
     return (root, (repository / "blobs").resolve())

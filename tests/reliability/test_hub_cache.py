@@ -128,3 +128,13 @@ CASES: list[CorpusCase] = [
 @pytest.mark.parametrize("case", case_params(CASES))
 def test_a_link_out_of_the_model_folder_is_refused(case: CorpusCase, tmp_path: Path) -> None:
     assert_load_refused(case, tmp_path)
+
+
+def test_a_file_linked_from_elsewhere_by_the_user_still_loads(tmp_path: Path) -> None:
+    """Outside a cache, a file path the user gives is theirs to link: it resolves whole, to its real folder."""
+    model = tmp_path / "model"
+    tensors = write_llama_checkpoint(model, shards=1)
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "tiny.safetensors").symlink_to(model / "model.safetensors")
+    loaded = loader.load_model(str(tmp_path / "links" / "tiny.safetensors"), dtype="float32")
+    assert torch.equal(loaded.model.norm.weight, tensors[NORM])

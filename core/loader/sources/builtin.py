@@ -13,6 +13,7 @@ from pathlib import Path
 from ..checkpoint import Source
 from ..errors import SourceNotFoundError
 from ..hookspecs import hookimpl
+from ..model_folder import cache_repository
 from ..options import LoadOptions
 
 __all__ = ["looks_like_hub_id", "loader_resolve_source"]
@@ -54,12 +55,13 @@ def _exists_and_is_readable(path: Path) -> bool:
 
 
 def _resolved_keeping_file_name(path: Path) -> Path:
-    """``path`` resolved, except that a file reached through a link keeps its own name and folder.
+    """``path`` resolved, except that a file of a Hugging Face cache snapshot keeps its name and folder.
 
-    A file of a Hugging Face cache snapshot is a link to ``blobs/<sha256>``: resolved whole, it
-    would lose the name that says its format and the folder that holds its ``config.json``.
+    Such a file is a link to ``blobs/<sha256>``: resolved whole, it would lose the name that says
+    its format and the snapshot folder that holds its ``config.json``. Any other link the user
+    names is followed to its real file and folder, as before.
     """
-    if path.is_symlink() and not path.is_dir():
+    if path.is_symlink() and not path.is_dir() and cache_repository(path.parent.resolve()) is not None:
         return path.parent.resolve() / path.name
     return path.resolve()
 
