@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ._model_folder import side_file
 from .checkpoint import (
     Source,
     TokenizerBundle,
@@ -31,8 +32,8 @@ def loader_read_config(source: Source, weight_format: WeightFormat) -> Mapping[s
     if folder is None:
         data = read_source_file(source, "config.json")
         return None if data is None else read_json_object(data, "config.json", source.file_uri("config.json"))
-    path = folder / "config.json"
-    if not path.is_file():
+    path = side_file(folder, "config.json")
+    if path is None:
         return None
     return read_json_object(path, "config.json")
 

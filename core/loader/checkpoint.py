@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import attrs
 
+from ._model_folder import side_file
 from ._options import DTYPES, LoadOptions, parse_dtype
 from .errors import ConfigError, LoadError
 
@@ -40,6 +41,7 @@ __all__ = [
     "parse_dtype",
     "read_json_object",
     "read_source_file",
+    "side_file",
 ]
 
 TRAINING_ARTIFACTS = ("training_args.bin", "optimizer.*", "scheduler.pt", "scaler.pt", "rng_state*")
@@ -223,8 +225,8 @@ FileBytes = Callable[[str], "bytes | None"]
 
 def _folder_bytes(folder: Path) -> FileBytes:
     def read(name: str) -> bytes | None:
-        path = folder / name
-        return path.read_bytes() if path.is_file() else None
+        path = side_file(folder, name)
+        return path.read_bytes() if path is not None else None
 
     return read
 

@@ -16,12 +16,15 @@ import pytest
 
 from loader._cli.main import main
 from tests.reliability import (
+    test_bounded_resources,
     test_corpus_bnb,
     test_corpus_config,
     test_corpus_contract,
     test_corpus_gguf,
     test_corpus_pickle,
     test_corpus_safetensors,
+    test_gguf_layout,
+    test_hub_cache,
 )
 from tests.reliability.corpus import CorpusCase, case_params, check_built
 
@@ -32,6 +35,9 @@ ALL_CASES: list[CorpusCase] = [
     *test_corpus_gguf.CASES,
     *test_corpus_bnb.CASES,
     *test_corpus_contract.CASES,
+    *test_hub_cache.CASES,
+    *test_gguf_layout.CASES,
+    *test_bounded_resources.CASES,
 ]
 
 SUBPROCESS_CASES = ("truncated-mid-tensor", "hidden-size-not-integer", "bin-runs-code-zip", "gguf-wrong-magic",

@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 
 from .. import _hooks
+from .._model_folder import FolderBoundary
 from .._options import LoadOptions
 from .._plugins import PluginHost, use_plugin_host
 from .._session import current_session
@@ -25,6 +26,10 @@ from ..errors import CheckpointFormatError, ConfigError, SourceNotFoundError
 from .remote_index import filter_by_remote_index
 
 __all__ = ["PreparedCheckpoint", "filter_weight_files", "prepare_checkpoint"]
+
+MAX_INDEX_FILES = 65_536
+"""Different shard files one index may name: far above any published checkpoint (hundreds), and a
+bound on the file-system calls a hostile index can ask for (each file is checked once)."""
 
 @attrs.frozen
 class PreparedCheckpoint:
@@ -55,17 +60,24 @@ def _in_original(folder: Path | None, file: str) -> bool:
     return bool(rel.parts) and rel.parts[0] == "original"
 
 
-def _index_files(index_path: Path, folder: Path) -> set[Path]:
+def _index_files(index_path: Path, folder: Path, boundary: FolderBoundary) -> set[Path]:
     index = read_json_object(index_path, "weight index")
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointFormatError(f"{index_path}: 'weight_map' must be a non-empty object of tensor -> file")
-    root = folder.resolve()
-    named: set[Path] = set()
-    present: set[Path] = set()
+    first_tensor: dict[str, str] = {}  # each file once, however many tensors name it
     for tensor, file in weight_map.items():
         if not isinstance(file, str) or not file:
             raise CheckpointFormatError(f"{index_path}: weight_map[{tensor!r}] must be a file name, found {file!r}")
+        first_tensor.setdefault(file, tensor)
+    if len(first_tensor) > MAX_INDEX_FILES:
+        raise CheckpointFormatError(
+            f"{index_path}: weight_map names {len(first_tensor)} different files, more than the "
+            f"{MAX_INDEX_FILES} a checkpoint may be split into"
+        )
+    named: set[Path] = set()
+    present: set[Path] = set()
+    for file, tensor in first_tensor.items():
         rel = PurePosixPath(file)
         if rel.is_absolute() or ".." in rel.parts:
             raise CheckpointFormatError(
@@ -74,16 +86,13 @@ def _index_files(index_path: Path, folder: Path) -> set[Path]:
         path = folder / rel
         try:
             linked = path.is_symlink() or path.exists()
-            real = path.resolve() if linked else path
             is_file = path.is_file()
         except (OSError, ValueError) as exc:  # a name too long for the file system, a NUL byte
             raise CheckpointFormatError(
                 f"{index_path}: weight_map[{tensor!r}] = {file!r} is not a usable file name ({exc})"
             ) from exc
-        if linked and real != root and root not in real.parents:
-            raise CheckpointFormatError(
-                f"{index_path}: shard {file!r} resolves to {real}, outside the model folder {root}"
-            )
+        if linked:
+            boundary.require_inside(path, label=f"{index_path}: shard {file!r}")
         if is_file:
             present.add(path)
         named.add(path)
@@ -105,8 +114,10 @@ def filter_weight_files(source: Source, weight_format: WeightFormat) -> WeightFo
         return weight_format
     folder = source.directory
     files = [f for f in weight_format.files if not is_training_artifact(f) and not _in_original(folder, f)]
-    if weight_format.index is not None and folder is not None:
-        named = _index_files(Path(weight_format.index), folder)
+    boundary = FolderBoundary.of(folder) if folder is not None else None
+    if weight_format.index is not None and folder is not None and boundary is not None:
+        boundary.require_inside(Path(weight_format.index))
+        named = _index_files(Path(weight_format.index), folder, boundary)
         named_real = {p.resolve() for p in named}
         files = [f for f in files if Path(f).resolve() in named_real]
         present = {Path(f).resolve() for f in files}
@@ -123,6 +134,9 @@ def filter_weight_files(source: Source, weight_format: WeightFormat) -> WeightFo
             f"{source.display()}: no {weight_format.name} weight files left after filtering "
             "(training artifacts and original/** are ignored)"
         )
+    if boundary is not None:
+        for file in files:
+            boundary.require_inside(Path(file))
     return attrs.evolve(weight_format, files=tuple(files))
 
 

@@ -10,6 +10,7 @@ import os
 import re
 from pathlib import Path
 
+from .._model_folder import cache_repository
 from .._options import LoadOptions
 from ..checkpoint import Source
 from ..errors import SourceNotFoundError
@@ -53,11 +54,23 @@ def _exists_and_is_readable(path: Path) -> bool:
     return True
 
 
+def _resolved_keeping_file_name(path: Path) -> Path:
+    """``path`` resolved, except that a file of a Hugging Face cache snapshot keeps its name and folder.
+
+    Such a file is a link to ``blobs/<sha256>``: resolved whole, it would lose the name that says
+    its format and the snapshot folder that holds its ``config.json``. Any other link the user
+    names is followed to its real file and folder, as before.
+    """
+    if path.is_symlink() and not path.is_dir() and cache_repository(path.parent.resolve()) is not None:
+        return path.parent.resolve() / path.name
+    return path.resolve()
+
+
 @hookimpl(trylast=True)
 def loader_resolve_source(location: str, options: LoadOptions) -> Source | None:
     path = Path(location).expanduser()
     if _exists_and_is_readable(path):
-        return Source(location=location, path=path.resolve(), revision=options.revision)
+        return Source(location=location, path=_resolved_keeping_file_name(path), revision=options.revision)
     if "://" in location or location.startswith(("/", ".", "~")):
         return None
     if looks_like_hub_id(location):
