@@ -1,0 +1,125 @@
+"""Choose, per layer, how a :class:`~loader_plugin_marlin.quantized_weight.QuantizedWeight` is multiplied.
+
+On the CPU: torch's packed int4 kernel for 4-bit weights, its int8 kernel
+for channelwise 8-bit ones, and dequantize-then-matmul (the reference) for
+what neither takes. Measured on this project's 2-core machine (N = K = 4096,
+one token; see ``int4_cpu``): the packed kernels beat dequantize + matmul by
+two to three orders of magnitude in both bfloat16 and float32, so ``auto``
+takes them whenever the layer fits and records why when it does not.
+
+Act-order does not force the fallback: sorting the input rows by ``g_idx``
+makes every group contiguous (Marlin does the same), and the activations are
+gathered in that order before the matmul. A partial last group (GPTQModel
+writes group 128 over K = 576) does not either: the kernel's group may be any
+of 32-256 that tiles both the checkpoint's groups and K, with scales repeated.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import attrs
+import torch
+
+from .config import KernelChoice
+from .int4_cpu import KERNEL_GROUP_SIZES, Int4CpuWeight, pack_int4
+from .int8_cpu import Int8CpuWeight, pack_int8
+from .quantized_weight import QuantizedWeight
+
+__all__ = ["DequantizeKernel", "Int4Kernel", "Int8Kernel", "LayerKernel", "choose_kernel", "kernel_group"]
+
+
+class LayerKernel(Protocol):
+    """What a layer calls: the matmul, and the choice to report."""
+
+    @property
+    def choice(self) -> KernelChoice: ...
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+@attrs.frozen(eq=False)
+class DequantizeKernel:
+    """The reference: dequantize the whole weight on every call, then ``F.linear``."""
+
+    weight: QuantizedWeight
+    choice: KernelChoice
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.weight.dequantize(x.dtype))
+
+
+@attrs.frozen(eq=False)
+class Int4Kernel:
+    """torch's packed int4 matmul, activations gathered into ``g_idx`` order first when act-ordered."""
+
+    packed: Int4CpuWeight
+    in_perm: torch.Tensor | None
+    choice: KernelChoice
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.in_perm is not None:
+            x = x.index_select(-1, self.in_perm)
+        return self.packed.matmul(x)
+
+
+@attrs.frozen(eq=False)
+class Int8Kernel:
+    packed: Int8CpuWeight
+    choice: KernelChoice
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return self.packed.matmul(x)
+
+
+def kernel_group(sorted_g_idx: torch.Tensor) -> int | None:
+    """The largest kernel group size whose blocks of consecutive (sorted) rows each lie in one group."""
+    rows = int(sorted_g_idx.numel())
+    for size in sorted(KERNEL_GROUP_SIZES, reverse=True):
+        if rows % size == 0:
+            blocks = sorted_g_idx.reshape(-1, size)
+            if bool((blocks == blocks[:, :1]).all()):
+                return size
+    return None
+
+
+def _int4(weight: QuantizedWeight, dtype: torch.dtype) -> Int4Kernel | str:
+    perm = torch.argsort(weight.g_idx, stable=True) if weight.act_order else None
+    g_idx = weight.g_idx if perm is None else weight.g_idx[perm]
+    size = kernel_group(g_idx)
+    if size is None:
+        return (f"no int4 kernel group size in {list(KERNEL_GROUP_SIZES)} tiles K={weight.in_features} and the "
+                f"checkpoint's groups (group_size {weight.group_size})")
+    codes = weight.codes if perm is None else weight.codes[perm]
+    block_groups = g_idx[::size].long()
+    scales = weight.scales[block_groups]
+    biases = -weight.zeros[block_groups].to(torch.float32) * scales
+    packed = pack_int4(codes.t(), scales, biases, size, dtype)
+    if packed.reason is not None:
+        return packed.reason
+    return Int4Kernel(packed, perm, KernelChoice("int4pack"))
+
+
+def _int8(weight: QuantizedWeight, dtype: torch.dtype) -> Int8Kernel | str:
+    used = torch.unique(weight.g_idx)
+    if used.numel() != 1:
+        return f"8-bit with {used.numel()} groups: the int8 kernel takes one scale per output channel"
+    group = int(used[0])
+    return Int8Kernel(pack_int8(weight.codes.t(), weight.scales[group], weight.zeros[group], dtype),
+                      KernelChoice("int8pack"))
+
+
+def choose_kernel(weight: QuantizedWeight, requested: str, dtype: torch.dtype) -> LayerKernel:
+    """The kernel for this layer: ``requested`` (or the best for ``auto``), else the dequantize fallback."""
+    if requested == "dequantize":
+        return DequantizeKernel(weight, KernelChoice("dequantize", "quantization_options kernel='dequantize'"))
+    preferred = "int4pack" if weight.bits == 4 else "int8pack"
+    wanted = preferred if requested == "auto" else requested
+    if wanted != preferred:
+        reason = f"the {wanted} kernel does not take {weight.bits}-bit weights"
+    else:
+        made = _int4(weight, dtype) if wanted == "int4pack" else _int8(weight, dtype)
+        if not isinstance(made, str):
+            return made
+        reason = made
+    return DequantizeKernel(weight, KernelChoice("dequantize", reason))
