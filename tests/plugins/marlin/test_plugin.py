@@ -80,8 +80,8 @@ def test_bad_config_fields_are_named(fields, error, message):
 def test_bad_options_are_named():
     with pytest.raises(ConfigError, match=r"unknown gptq option\(s\) \['kernal'\]"):
         _detect(_declared(), kernal="int4pack")
-    with pytest.raises(ConfigError, match="kernel 'marlin' is not one of"):
-        _detect(_declared(), kernel="marlin")
+    with pytest.raises(ConfigError, match="kernel 'exllama' is not one of"):
+        _detect(_declared(), kernel="exllama")
 
 
 def test_linear_layers_get_the_gptq_method_with_checkpoint_shaped_parameters():

@@ -35,8 +35,9 @@ METHOD_NAME = "gptq"
 BITS = (4, 8)
 GROUP_SIZES = (-1, 16, 32, 64, 128, 256, 512, 1024)
 CHECKPOINT_FORMATS = ("gptq", "gptq_v2")
-KERNELS = ("auto", "int4pack", "int8pack", "dequantize")
-"""``auto`` picks per layer; the others force one kernel (layers it cannot take fall back to ``dequantize``)."""
+KERNELS = ("auto", "marlin", "int4pack", "int8pack", "dequantize")
+"""``auto`` picks per layer (Marlin on CUDA, the packed kernels on CPU); the others force one kernel (layers it
+cannot take fall back to ``dequantize``, with the reason)."""
 
 
 @attrs.frozen

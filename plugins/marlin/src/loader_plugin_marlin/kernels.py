@@ -109,10 +109,30 @@ def _int8(weight: QuantizedWeight, dtype: torch.dtype) -> Int8Kernel | str:
                       KernelChoice("int8pack"))
 
 
+def _marlin(weight: QuantizedWeight, dtype: torch.dtype) -> LayerKernel | str:
+    from .marlin_cuda import marlin_cuda_unavailable_reason, marlin_kernel
+    from .marlin_layout import marlin_unsupported_reason, repack
+
+    reason = marlin_cuda_unavailable_reason(weight.codes.device) or marlin_unsupported_reason(weight)
+    if reason is not None:
+        return reason
+    compute = dtype if dtype in (torch.float16, torch.bfloat16) else torch.float16
+    return marlin_kernel(repack(weight, compute), weight.codes.device)
+
+
 def choose_kernel(weight: QuantizedWeight, requested: str, dtype: torch.dtype) -> LayerKernel:
-    """The kernel for this layer: ``requested`` (or the best for ``auto``), else the dequantize fallback."""
+    """The kernel for this layer: ``requested`` (or the best for ``auto``), else the dequantize fallback.
+
+    On a CUDA device the choice is Marlin or the fallback; torch's packed
+    kernels are CPU kernels.
+    """
     if requested == "dequantize":
         return DequantizeKernel(weight, KernelChoice("dequantize", "quantization_options kernel='dequantize'"))
+    if weight.codes.device.type == "cuda" or requested == "marlin":
+        made = _marlin(weight, dtype)
+        if isinstance(made, str):
+            return DequantizeKernel(weight, KernelChoice("dequantize", made))
+        return made
     preferred = "int4pack" if weight.bits == 4 else "int8pack"
     wanted = preferred if requested == "auto" else requested
     if wanted != preferred:

@@ -2,7 +2,8 @@
 
 Usage: ``python -m torch.distributed.run --nproc-per-node N tests/plugins/marlin/scripts/tp_worker.py OUT CASES``
 where ``CASES`` is a JSON file ``{name: {"path": ..., "options": {...} | null}}``.
-Writes ``OUT/<name>-rank<R>.pt`` and ``OUT/rank<R>.json`` (``{name: {"tp_size": N, "kernels": {...}} | {"error": ...}}``).
+Writes ``OUT/<name>-rank<R>.pt`` and ``OUT/rank<R>.json``
+(``{name: {"tp_size": N, "kernels": {...}} | {"error": ...}}``).
 Every rank loads the same cases in the same order so the forward passes' collectives stay in step.
 """
 
