@@ -10,7 +10,7 @@ import loader
 from loader.distributed import simulated_tp
 from loader.errors import CheckpointFormatError, ShapeMismatchError, UnsupportedError
 from loader_plugin_marlin.config import GPTQConfig
-from loader_plugin_marlin.linear_method import GPTQLinearMethod
+from loader_plugin_marlin.linear_method import PackedLinearMethod
 from tests.helpers.gptq_checkpoints import save_gptq_checkpoint
 from tests.helpers.hf_checkpoints import reference_logits, relative_error
 from tests.helpers.model_checks import random_ids
@@ -37,7 +37,7 @@ def checkpoints(tmp_path_factory):
 
 def _layers(model):
     return {name: m for name, m in model.named_modules() if isinstance(getattr(m, "quant_method", None),
-                                                                       GPTQLinearMethod)}
+                                                                       PackedLinearMethod)}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -113,7 +113,7 @@ BAD = {
                     r"groups \[0, 1\]$"),
     "g_idx-group-size": ("model.layers.0.mlp.gate_proj.g_idx", lambda t: torch.zeros_like(t), CheckpointFormatError,
                          r"^model.layers.0.mlp.gate_up_proj.g_idx: row 32 is in group 0, but with group_size 32 "
-                         r"and no act-order \(desc_act false\) it belongs to group 1$"),
+                         r"without act-order it belongs to group 1$"),
 }
 
 
@@ -142,7 +142,7 @@ def test_a_tp_size_that_splits_a_group_or_a_packed_word_is_refused_naming_the_la
 
     with simulated_tp(1, 2), pytest.raises(UnsupportedError, match=(
             r"^model.layers.0.mlp.down_proj: tensor parallel size 2 gives each rank 96 of the 192 input rows, "
-            r"which cuts a group of 64 rows; GPTQ scales and zero points cannot be split inside a group$")):
+            r"which cuts a group of 64 rows; scales and zero points cannot be split inside a group$")):
         RowParallelLinear(192, 96, quant_config=GPTQConfig(group_size=64), prefix="model.layers.0.mlp.down_proj")
     with simulated_tp(0, 4), pytest.raises(UnsupportedError, match=(
             r"^o_proj: 4 input rows per rank \(tensor parallel size 4\) are not whole int32 words of 8 4-bit codes")):
@@ -152,5 +152,5 @@ def test_a_tp_size_that_splits_a_group_or_a_packed_word_is_refused_naming_the_la
         ColumnParallelLinear(64, 16, quant_config=GPTQConfig(group_size=32), prefix="up")
     # act-order keeps the groups whole on every rank, so the same split is fine there
     with simulated_tp(1, 2):
-        layer = RowParallelLinear(192, 96, quant_config=GPTQConfig(group_size=64, desc_act=True), prefix="d")
+        layer = RowParallelLinear(192, 96, quant_config=GPTQConfig(group_size=64, act_order=True), prefix="d")
     assert tuple(layer.scales.shape) == (3, 96) and tuple(layer.g_idx.shape) == (96,)

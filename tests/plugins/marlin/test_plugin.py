@@ -45,7 +45,7 @@ def test_a_gptq_checkpoint_is_detected_with_its_fields():
         config = _detect(_declared(bits=8, group_size=-1, desc_act=True, sym=False,
                                    checkpoint_format="gptq_v2"), requested)
         assert isinstance(config, GPTQConfig)
-        assert (config.bits, config.group_size, config.desc_act, config.sym) == (8, -1, True, False)
+        assert (config.bits, config.group_size, config.act_order, config.sym) == (8, -1, True, False)
         assert not config.zeros_stored_minus_one and config.pack_factor == 4
     assert _detect(_declared(checkpoint_format=None)).zeros_stored_minus_one  # missing format: v1
     described = _detect(_declared(), kernel="dequantize").describe()
@@ -86,12 +86,13 @@ def test_bad_options_are_named():
 
 def test_linear_layers_get_the_gptq_method_with_checkpoint_shaped_parameters():
     from loader.layers.linear import QKVParallelLinear, RowParallelLinear
-    from loader_plugin_marlin.linear_method import GPTQLinearMethod
+    from loader_plugin_marlin.linear_method import PackedLinearMethod
 
     config = GPTQConfig(bits=4, group_size=32)
     layer = RowParallelLinear(96, 64, quant_config=config, prefix="model.layers.0.mlp.down_proj")
-    assert isinstance(layer.quant_method, GPTQLinearMethod)
+    assert isinstance(layer.quant_method, PackedLinearMethod)
     shapes = {name: (tuple(p.shape), p.dtype) for name, p in layer.named_parameters()}
+    assert layer.packed_state.geometry.groups == 3
     assert shapes == {"qweight": ((12, 64), torch.int32), "qzeros": ((3, 8), torch.int32),
                       "scales": ((3, 64), torch.float32), "g_idx": ((96,), torch.int32)}
     qkv = QKVParallelLinear(64, 16, 4, 2, quant_config=config, prefix="model.layers.0.self_attn.qkv_proj")
@@ -99,4 +100,4 @@ def test_linear_layers_get_the_gptq_method_with_checkpoint_shaped_parameters():
     assert config.get_quant_method(torch.nn.Linear(2, 2), "x") is None
     skipping = GPTQConfig(skip_modules=("down_proj",))
     dense = RowParallelLinear(96, 64, quant_config=skipping, prefix="model.layers.0.mlp.down_proj")
-    assert not isinstance(dense.quant_method, GPTQLinearMethod)
+    assert not isinstance(dense.quant_method, PackedLinearMethod)

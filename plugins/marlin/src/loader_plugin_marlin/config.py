@@ -1,16 +1,16 @@
-"""``GPTQConfig``: a GPTQ checkpoint's quantization settings, read from ``config.json``.
+"""The quantization configs of packed-integer checkpoints, and the pieces they share.
 
-GPTQ (AutoGPTQ, GPTQModel) writes ``quantization_config`` with ``quant_method:
-"gptq"``, ``bits``, ``group_size`` (-1: one group over the whole input),
-``desc_act`` (act-order: input rows quantized in a permuted order, recorded
-in ``g_idx``), ``sym`` and ``checkpoint_format`` (``gptq`` stores zero points
-minus one, ``gptq_v2`` stores them as they are). Everything here is checked
-once, before any layer is built, and each bad field is named.
+GPTQ, AWQ and compressed-tensors ``pack-quantized`` checkpoints describe the
+same settings in different words: bits, a group size (-1: one group over
+the whole input), act-order (``g_idx`` maps input rows to groups in any
+order), symmetric or not. :class:`PackedQuantConfig` holds them, the kernel
+the user asked for, the modules kept dense, and the per-layer kernel choices
+made after loading (:attr:`PackedQuantConfig.kernel_log`, shown by ``loader
+load --json``). Each format's subclass adds what only it has and names its
+:class:`~loader_plugin_marlin.param_specs.CheckpointLayout`.
 
-The config also keeps the per-layer kernel choices made after loading
-(:attr:`GPTQConfig.kernel_log`) so ``loader load --json`` shows them.
-
-Importing this module is light (no torch): the entry point imports it.
+This module holds GPTQ's config (AWQ's and compressed-tensors' live beside
+their layouts). Importing it is light (no torch): the entry point imports it.
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ if TYPE_CHECKING:
 
     from loader.layers.quantization import QuantizeMethodBase
 
+    from .param_specs import CheckpointLayout
+
 __all__ = ["BITS", "CHECKPOINT_FORMATS", "KERNELS", "METHOD_NAME", "GPTQConfig", "KernelChoice",
-           "config_from_checkpoint"]
+           "PackedQuantConfig", "check_flag", "config_from_checkpoint", "kernel_option", "module_list"]
 
 METHOD_NAME = "gptq"
 BITS = (4, 8)
@@ -54,26 +56,22 @@ def _matches(prefix: str, module: str) -> bool:
 
 
 @attrs.frozen
-class GPTQConfig(QuantizationConfig):
-    """Settings of a GPTQ checkpoint.
+class PackedQuantConfig(QuantizationConfig):
+    """Settings every packed-integer format shares (subclass per format).
 
     :ivar bits: 4 or 8 bits per weight.
     :ivar group_size: input rows sharing one scale and zero point; -1 for one group over all of them.
-    :ivar desc_act: act-order: ``g_idx`` maps each input row to its group in an arbitrary order.
+    :ivar act_order: ``g_idx`` maps each input row to its group in an arbitrary order.
     :ivar sym: symmetric quantization (zero point ``2**(bits-1)``).
-    :ivar checkpoint_format: ``gptq`` (zero points stored minus one) or ``gptq_v2``.
     :ivar kernel: ``quantization_options["kernel"]``, see :data:`KERNELS`.
-    :ivar skip_modules: modules the checkpoint keeps in floating point (``modules_to_not_convert``).
+    :ivar skip_modules: modules the checkpoint keeps in floating point.
     :ivar kernel_log: each quantized layer's :class:`KernelChoice`, filled after loading.
     """
 
-    name: ClassVar[str] = METHOD_NAME
-
     bits: int = 4
     group_size: int = 128
-    desc_act: bool = False
+    act_order: bool = False
     sym: bool = True
-    checkpoint_format: str = "gptq"
     kernel: str = "auto"
     skip_modules: tuple[str, ...] = ()
     kernel_log: dict[str, KernelChoice] = attrs.field(factory=dict, eq=False, repr=False)
@@ -84,23 +82,17 @@ class GPTQConfig(QuantizationConfig):
         return 32 // self.bits
 
     @property
-    def zeros_stored_minus_one(self) -> bool:
-        """Whether ``qzeros`` hold zero - 1 (the v1 ``gptq`` convention)."""
-        return self.checkpoint_format == "gptq"
+    def layout(self) -> CheckpointLayout:
+        """This format's tensors per layer."""
+        raise NotImplementedError
 
     def describe(self) -> dict[str, Any]:
         counts: dict[str, int] = {}
         for choice in self.kernel_log.values():
             counts[choice.kernel] = counts.get(choice.kernel, 0) + 1
         return {
-            "method": self.name,
-            "bits": self.bits,
-            "group_size": self.group_size,
-            "desc_act": self.desc_act,
-            "sym": self.sym,
-            "checkpoint_format": self.checkpoint_format,
-            "kernel": self.kernel,
-            "kernels": counts,
+            "method": self.name, "bits": self.bits, "group_size": self.group_size, "act_order": self.act_order,
+            "sym": self.sym, "kernel": self.kernel, "skip_modules": list(self.skip_modules), "kernels": counts,
             "layers": {prefix: attrs.asdict(choice) for prefix, choice in sorted(self.kernel_log.items())},
         }
 
@@ -108,42 +100,67 @@ class GPTQConfig(QuantizationConfig):
         return any(_matches(prefix, m) for m in self.skip_modules)
 
     def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
-        """:class:`~loader_plugin_marlin.linear_method.GPTQLinearMethod` for every parallel linear layer."""
+        """:class:`~loader_plugin_marlin.linear_method.PackedLinearMethod` for every parallel linear layer."""
         from loader.layers.linear import LinearBase
 
         if not isinstance(layer, LinearBase):
             return None
-        from .linear_method import GPTQLinearMethod
+        from .linear_method import PackedLinearMethod
 
-        return GPTQLinearMethod(self)
-
-
-_WHERE = "config.json quantization_config"
+        return PackedLinearMethod(self)
 
 
-def _flag(declared: Mapping[str, Any], key: str, default: bool) -> bool:
+@attrs.frozen
+class GPTQConfig(PackedQuantConfig):
+    """A GPTQ checkpoint (AutoGPTQ, GPTQModel): ``checkpoint_format`` ``gptq`` stores zero points minus one."""
+
+    name: ClassVar[str] = METHOD_NAME
+
+    checkpoint_format: str = "gptq"
+
+    @property
+    def zeros_stored_minus_one(self) -> bool:
+        """Whether ``qzeros`` hold zero - 1 (the v1 ``gptq`` convention)."""
+        return self.checkpoint_format == "gptq"
+
+    @property
+    def layout(self) -> CheckpointLayout:
+        from .gptq_format import GPTQLayout
+
+        return GPTQLayout(self)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "checkpoint_format": self.checkpoint_format}
+
+
+def check_flag(declared: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
     value = declared.get(key, default)
     if not isinstance(value, bool):
-        raise ConfigError(f"{_WHERE}: {key} must be true or false, found {value!r}")
+        raise ConfigError(f"{where}: {key} must be true or false, found {value!r}")
     return value
 
 
-def _kernel(options: Mapping[str, Any] | None) -> str:
+def kernel_option(options: Mapping[str, Any] | None, method: str) -> str:
+    """``quantization_options["kernel"]`` checked (the only option these formats take)."""
     options = dict(options or {})
     unknown = sorted(set(options) - {"kernel"})
     if unknown:
-        raise ConfigError(f"quantization_options: unknown gptq option(s) {unknown}; expected some of ['kernel']")
+        raise ConfigError(f"quantization_options: unknown {method} option(s) {unknown}; expected some of ['kernel']")
     kernel = options.get("kernel", "auto")
     if kernel not in KERNELS:
         raise ConfigError(f"quantization_options: kernel {kernel!r} is not one of {list(KERNELS)}")
     return str(kernel)
 
 
-def _skip_modules(declared: Mapping[str, Any]) -> tuple[str, ...]:
-    value = declared.get("modules_to_not_convert") or ()
+def module_list(value: Any, key: str, where: str) -> tuple[str, ...]:
+    """A list of module names from the config (``None``: empty)."""
+    value = value or ()
     if isinstance(value, str) or not isinstance(value, Sequence) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{_WHERE}: modules_to_not_convert must be a list of module names, found {value!r}")
+        raise ConfigError(f"{where}: {key} must be a list of module names, found {value!r}")
     return tuple(value)
+
+
+_WHERE = "config.json quantization_config"
 
 
 def config_from_checkpoint(declared: Mapping[str, Any], options: Mapping[str, Any] | None = None) -> GPTQConfig:
@@ -160,10 +177,11 @@ def config_from_checkpoint(declared: Mapping[str, Any], options: Mapping[str, An
             f"{_WHERE}: checkpoint_format {checkpoint_format!r} is not supported; expected one of "
             f"{list(CHECKPOINT_FORMATS)}"
         )
-    if _flag(declared, "lm_head", False):
+    if check_flag(declared, "lm_head", False, _WHERE):
         raise UnsupportedError(f"{_WHERE}: a quantized lm_head (lm_head: true) is not supported")
     return GPTQConfig(
-        bits=int(bits), group_size=int(group_size), desc_act=_flag(declared, "desc_act", False),
-        sym=_flag(declared, "sym", True), checkpoint_format=str(checkpoint_format), kernel=_kernel(options),
-        skip_modules=_skip_modules(declared),
+        bits=int(bits), group_size=int(group_size), act_order=check_flag(declared, "desc_act", False, _WHERE),
+        sym=check_flag(declared, "sym", True, _WHERE), checkpoint_format=str(checkpoint_format),
+        kernel=kernel_option(options, METHOD_NAME),
+        skip_modules=module_list(declared.get("modules_to_not_convert"), "modules_to_not_convert", _WHERE),
     )

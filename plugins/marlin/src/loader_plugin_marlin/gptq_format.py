@@ -15,14 +15,23 @@ each error naming the layer and the tensor.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import attrs
 import torch
 
 from loader.errors import CheckpointFormatError
 
 from .bit_packing import unpack_int32
+from .layer_geometry import LayerGeometry
+from .param_specs import ParamSpec
 from .quantized_weight import QuantizedWeight, default_g_idx
 
-__all__ = ["check_g_idx", "gptq_to_quantized"]
+if TYPE_CHECKING:
+    from .config import GPTQConfig
+
+__all__ = ["GPTQLayout", "check_g_idx", "gptq_to_quantized"]
 
 
 def check_g_idx(g_idx: torch.Tensor, groups: int, group_size: int, *, act_order: bool, whole: bool,
@@ -30,7 +39,7 @@ def check_g_idx(g_idx: torch.Tensor, groups: int, group_size: int, *, act_order:
     """``g_idx`` (global group numbers) as local rows of this rank's ``scales``, after checking it.
 
     :param groups: rows of this rank's ``scales``.
-    :param act_order: whether the config declares ``desc_act``; without it
+    :param act_order: whether the config declares act-order (GPTQ ``desc_act``); without it
         ``g_idx`` must be the contiguous ``k // group_size``.
     :param whole: whether this rank holds every input row (then act-order
         group sizes can be checked exactly).
@@ -50,8 +59,8 @@ def check_g_idx(g_idx: torch.Tensor, groups: int, group_size: int, *, act_order:
         if not torch.equal(g, expected.to(g.device)):
             bad = int((g != expected.to(g.device)).nonzero()[0, 0])
             raise CheckpointFormatError(
-                f"{what}.g_idx: row {bad} is in group {int(g[bad])}, but with group_size {group_size} and no "
-                f"act-order (desc_act false) it belongs to group {int(expected[bad])}"
+                f"{what}.g_idx: row {bad} is in group {int(g[bad])}, but with group_size {group_size} without "
+                f"act-order it belongs to group {int(expected[bad])}"
             )
     elif group_size != -1:
         counts = torch.bincount(g - first_group, minlength=groups)
@@ -79,3 +88,31 @@ def gptq_to_quantized(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch
         zeros = zeros + 1
     return QuantizedWeight(codes=codes, scales=scales.to(torch.float32), zeros=zeros,
                            g_idx=g_idx.to(torch.int32), bits=bits, group_size=group_size)
+
+
+@attrs.frozen
+class GPTQLayout:
+    """GPTQ's four tensors per layer (``scales`` kept in float32 so 16-bit checkpoint scales stay exact)."""
+
+    config: GPTQConfig
+    input_pack: bool = True
+    output_pack: bool = True
+
+    def params(self, geometry: LayerGeometry) -> list[ParamSpec]:
+        pack, rows, cols, groups = self.config.pack_factor, geometry.rows, geometry.cols, geometry.groups
+        scale_dim = geometry.scale_input_dim
+        return [
+            ParamSpec("qweight", (rows // pack, cols), torch.int32, output_dim=1, input_dim=0, packed_dim=0,
+                      pack_factor=pack),
+            ParamSpec("qzeros", (groups, cols // pack), torch.int32, output_dim=1, input_dim=scale_dim, packed_dim=1,
+                      pack_factor=pack),
+            ParamSpec("scales", (groups, cols), torch.float32, output_dim=1, input_dim=scale_dim),
+            ParamSpec("g_idx", (rows,), torch.int32, input_dim=0, kind="g_idx"),
+        ]
+
+    def to_quantized(self, tensors: Mapping[str, torch.Tensor], geometry: LayerGeometry) -> QuantizedWeight:
+        cfg = self.config
+        g_idx = check_g_idx(tensors["g_idx"], geometry.groups, cfg.group_size, act_order=cfg.act_order,
+                            whole=geometry.whole_input, first_group=geometry.first_group, what=geometry.prefix)
+        return gptq_to_quantized(tensors["qweight"], tensors["qzeros"], tensors["scales"], g_idx, bits=cfg.bits,
+                                 group_size=cfg.group_size, zeros_minus_one=cfg.zeros_stored_minus_one)

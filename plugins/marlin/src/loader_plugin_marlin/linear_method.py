@@ -1,26 +1,18 @@
-"""The GPTQ quantize method of the parallel linear layers.
+"""The quantize method of the parallel linear layers for every packed-integer format.
 
-Each quantized layer holds this rank's GPTQ tensors as parameters, named as
-in the checkpoint so model plugins route them like dense weights
-(``qkv_proj.qweight`` from ``q_proj.qweight`` with shard id ``"q"``):
+The format's :class:`~loader_plugin_marlin.param_specs.CheckpointLayout`
+says which tensors a layer holds; they become parameters named as in the
+checkpoint, so model plugins route them like dense weights
+(``qkv_proj.qweight`` from ``q_proj.qweight`` with shard id ``"q"``), and the
+layer's own ``weight_loader`` splits fused tensors, checks shapes and narrows
+to this rank (:mod:`~loader_plugin_marlin.layer_geometry` has checked that the
+split is one the format can express).
 
-* ``qweight`` int32 ``[K/p, N]`` — packed along the input dim (``packed_dim``
-  0); row-parallel layers take their input rows, column-parallel and fused
-  layers their output columns, through the layer's own ``weight_loader``;
-* ``qzeros`` int32 ``[G, N/p]`` — packed along the output dim, so fused parts
-  and column shards must start on a whole word (the core refuses otherwise);
-* ``scales`` float32 ``[G, N]`` — kept in float32 so 16-bit checkpoint scales
-  stay exact whatever the load's dtype;
-* ``g_idx`` int32 ``[K]`` — the group of each input row.
-
-Under row parallelism without act-order each rank holds its own groups (the
-split must fall on a group boundary); with act-order a rank's rows may use
-any group, so ``scales``/``qzeros`` stay whole on every rank, as vLLM does.
-After loading, the tensors are unpacked into a
-:class:`~loader_plugin_marlin.quantized_weight.QuantizedWeight`, checked,
-and handed to :func:`~loader_plugin_marlin.kernels.choose_kernel`; the
-checkpoint-layout parameters are then dropped and the kernel's tensors
-become the layer's buffers.
+After loading, the tensors are converted into a
+:class:`~loader_plugin_marlin.quantized_weight.QuantizedWeight`, checked, and
+handed to :func:`~loader_plugin_marlin.kernels.choose_kernel`; the
+checkpoint-layout parameters are then dropped and the kernel's tensors become
+the layer's buffers.
 """
 
 from __future__ import annotations
@@ -31,13 +23,14 @@ from typing import TYPE_CHECKING, Any, cast
 import attrs
 import torch
 
-from loader.errors import CheckpointFormatError, UnsupportedError
+from loader.errors import CheckpointFormatError
 from loader.layers.param_layout import ParamLayout, set_param_layout
 from loader.layers.quantization import LinearMethodBase, WeightLoader
 
-from .config import GPTQConfig
-from .gptq_format import check_g_idx, gptq_to_quantized
+from .config import PackedQuantConfig
 from .kernels import LayerKernel, choose_kernel
+from .layer_geometry import LayerGeometry, layer_geometry
+from .param_specs import ParamSpec
 from .quantized_weight import QuantizedWeight
 
 if TYPE_CHECKING:
@@ -46,39 +39,31 @@ if TYPE_CHECKING:
     from loader.layers.linear import LinearBase
     from loader.layers.shard_loading import NarrowedPart
 
-__all__ = ["GPTQLayerState", "GPTQLinearMethod"]
-
-_CHECKPOINT_PARAMS = ("qweight", "qzeros", "scales", "g_idx")
+__all__ = ["PackedLayerState", "PackedLinearMethod"]
 
 
 @attrs.define
-class GPTQLayerState:
-    """What one layer's method needs after loading: its groups on this rank and the g_idx parts seen."""
+class PackedLayerState:
+    """One layer's geometry, the checkpoint tensors it holds, the g_idx parts seen and, once chosen, its kernel."""
 
-    prefix: str
-    groups: int
-    first_group: int
-    whole_input: bool
+    geometry: LayerGeometry
+    names: tuple[str, ...]
     params_dtype: torch.dtype
     g_idx_parts: list[object] = attrs.field(factory=list)
     kernel: LayerKernel | None = None
 
 
-def _state(layer: nn.Module) -> GPTQLayerState:
-    state = getattr(layer, "gptq_state", None)
-    if not isinstance(state, GPTQLayerState):
-        raise TypeError(f"{type(layer).__name__} was not set up by GPTQLinearMethod.create_weights")
+def _state(layer: nn.Module) -> PackedLayerState:
+    state = getattr(layer, "packed_state", None)
+    if not isinstance(state, PackedLayerState):
+        raise TypeError(f"{type(layer).__name__} was not set up by PackedLinearMethod.create_weights")
     return state
 
 
-def _tensor(layer: nn.Module, name: str) -> torch.Tensor:
-    return cast(torch.Tensor, getattr(layer, name)).data
+class PackedLinearMethod(LinearMethodBase):
+    """One layer of a packed checkpoint: created, loaded, checked, given a kernel and multiplied."""
 
-
-class GPTQLinearMethod(LinearMethodBase):
-    """GPTQ weights for one linear layer: created, loaded, checked, given a kernel and multiplied."""
-
-    def __init__(self, config: GPTQConfig) -> None:
+    def __init__(self, config: PackedQuantConfig) -> None:
         self.config = config
 
     def create_weights(
@@ -92,90 +77,77 @@ class GPTQLinearMethod(LinearMethodBase):
         weight_loader: WeightLoader,
         **extra: Any,
     ) -> None:
-        cfg = self.config
+        cfg, layout = self.config, self.config.layout
         linear = cast("LinearBase", layer)
-        what = linear.prefix or type(layer).__name__
-        pack, rows, cols = cfg.pack_factor, input_size_per_partition, sum(output_partition_sizes)
-        split = rows != input_size
-        tp = f"tensor parallel size {linear.tp_size}"
-        if rows % pack:
-            raise UnsupportedError(
-                f"{what}: {rows} input rows per rank ({tp}) are not whole int32 words of {pack} {cfg.bits}-bit "
-                f"codes, so qweight cannot be split there"
-            )
-        for part in output_partition_sizes:
-            if part % pack:
-                raise UnsupportedError(
-                    f"{what}: {part} output columns of a part per rank ({tp}) are not whole int32 words of "
-                    f"{pack} {cfg.bits}-bit zero points, so qzeros cannot be split there"
-                )
-        group = input_size if cfg.group_size == -1 else cfg.group_size
-        shard_groups = split and cfg.group_size != -1 and not cfg.desc_act
-        if shard_groups and rows % group:
-            raise UnsupportedError(
-                f"{what}: {tp} gives each rank {rows} of the {input_size} input rows, which cuts a group of "
-                f"{group} rows; GPTQ scales and zero points cannot be split inside a group"
-            )
-        groups = rows // group if shard_groups else -(-input_size // group)
-        scale_input_dim = 0 if shard_groups else None
-
-        def add(name: str, shape: tuple[int, ...], dtype: torch.dtype, layout: ParamLayout) -> None:
-            param = torch.nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
-            set_param_layout(param, layout)
-            layer.register_parameter(name, param)
-
-        add("qweight", (rows // pack, cols), torch.int32, ParamLayout(
-            weight_loader=weight_loader, output_dim=1, input_dim=0, packed_dim=0, pack_factor=pack))
-        add("qzeros", (groups, cols // pack), torch.int32, ParamLayout(
-            weight_loader=weight_loader, output_dim=1, input_dim=scale_input_dim, packed_dim=1, pack_factor=pack))
-        add("scales", (groups, cols), torch.float32, ParamLayout(
-            weight_loader=weight_loader, output_dim=1, input_dim=scale_input_dim))
-        add("g_idx", (rows,), torch.int32, ParamLayout(
-            weight_loader=weight_loader, input_dim=0, load_part=functools.partial(self._load_g_idx, linear)))
-        layer.gptq_state = GPTQLayerState(  # type: ignore[assignment]
-            prefix=what, groups=groups, first_group=linear.tp_rank * groups if shard_groups else 0,
-            whole_input=not split, params_dtype=params_dtype,
+        geometry = layer_geometry(
+            linear.prefix or type(layer).__name__, input_size_per_partition, list(output_partition_sizes),
+            input_size, tp_rank=linear.tp_rank, tp_size=linear.tp_size, bits=cfg.bits, group_size=cfg.group_size,
+            act_order=cfg.act_order, input_pack=layout.input_pack, output_pack=layout.output_pack,
         )
+        specs = layout.params(geometry)
+        for spec in specs:
+            param = torch.nn.Parameter(torch.empty(spec.shape, dtype=spec.dtype), requires_grad=False)
+            set_param_layout(param, self._layout(linear, spec, weight_loader))
+            layer.register_parameter(spec.name, param)
+        layer.packed_state = PackedLayerState(  # type: ignore[assignment]
+            geometry=geometry, names=tuple(spec.name for spec in specs), params_dtype=params_dtype)
 
-    def _load_g_idx(self, layer: LinearBase, param: torch.Tensor, part: NarrowedPart) -> None:
+    def _layout(self, layer: LinearBase, spec: ParamSpec, weight_loader: WeightLoader) -> ParamLayout:
+        load_part = None
+        if spec.kind == "g_idx":
+            load_part = functools.partial(self._load_g_idx, layer, spec.name)
+        elif spec.kind == "shape":
+            load_part = functools.partial(self._check_shape_record, layer)
+        return ParamLayout(weight_loader=weight_loader, output_dim=spec.output_dim, input_dim=spec.input_dim,
+                           packed_dim=spec.packed_dim, pack_factor=spec.pack_factor, load_part=load_part)
+
+    def _load_g_idx(self, layer: LinearBase, name: str, param: torch.Tensor, part: NarrowedPart) -> None:
         """Copy this rank's ``g_idx``; every part of a fused layer must bring the same one (one input, one order)."""
         state = _state(layer)
         values = part.narrowed.read(torch.int32)
         if state.g_idx_parts and not torch.equal(values, param.data):
             raise CheckpointFormatError(
-                f"{part.narrowed.describe()}: {state.prefix}.g_idx of part {part.shard_id!r} differs from part "
-                f"{state.g_idx_parts[0]!r}; the fused parts share one input and must share one g_idx"
+                f"{part.narrowed.describe()}: {state.geometry.prefix}.{name} of part {part.shard_id!r} differs "
+                f"from part {state.g_idx_parts[0]!r}; the fused parts share one input and must share one g_idx"
             )
         param.data.copy_(values)
         state.g_idx_parts.append(part.shard_id)
 
+    def _check_shape_record(self, layer: LinearBase, param: torch.Tensor, part: NarrowedPart) -> None:
+        """A per-part ``[rows, cols]`` record of the unpacked weight: it must be the part's own shape."""
+        values = [int(v) for v in part.narrowed.read(torch.int64).flatten().tolist()]
+        expected = [layer.output_part(part.shard_id).full, layer.input_size]
+        if values != expected:
+            raise CheckpointFormatError(
+                f"{part.narrowed.describe()}: records an unpacked weight of shape {values}, but "
+                f"{_state(layer).geometry.prefix} part {part.shard_id!r} has shape {expected}"
+            )
+        param.data.copy_(torch.tensor(expected, dtype=param.dtype))
+
     def quantized_weight(self, layer: nn.Module) -> QuantizedWeight:
-        """This rank's weight in the internal representation, checked (call before the kernel is chosen)."""
-        state, cfg = _state(layer), self.config
-        g_idx = check_g_idx(_tensor(layer, "g_idx"), state.groups, cfg.group_size, act_order=cfg.desc_act,
-                            whole=state.whole_input, first_group=state.first_group, what=state.prefix)
-        return gptq_to_quantized(_tensor(layer, "qweight"), _tensor(layer, "qzeros"), _tensor(layer, "scales"),
-                                 g_idx, bits=cfg.bits, group_size=cfg.group_size,
-                                 zeros_minus_one=cfg.zeros_stored_minus_one)
+        """This rank's weight in the internal representation, checked (before the kernel is chosen)."""
+        state = _state(layer)
+        tensors = {name: cast(torch.Tensor, getattr(layer, name)).data for name in state.names}
+        return self.config.layout.to_quantized(tensors, state.geometry)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """Unpack and check the checkpoint tensors, choose the kernel, replace the parameters by its buffers."""
+        """Convert and check the checkpoint tensors, choose the kernel, replace the parameters by its buffers."""
         state = _state(layer)
         if state.kernel is not None:
             return
         kernel = choose_kernel(self.quantized_weight(layer), self.config.kernel, state.params_dtype)
-        for name in _CHECKPOINT_PARAMS:
+        for name in state.names:
             delattr(layer, name)
         for name, tensor in _kernel_tensors(kernel):
-            layer.register_buffer(f"gptq_{name}", tensor)
+            layer.register_buffer(f"packed_{name}", tensor)
         state.kernel = kernel
-        self.config.kernel_log[state.prefix] = kernel.choice
+        self.config.kernel_log[state.geometry.prefix] = kernel.choice
 
     def kernel(self, layer: nn.Module) -> LayerKernel:
         """The kernel chosen after loading."""
         kernel = _state(layer).kernel
         if kernel is None:
-            raise RuntimeError(f"{_state(layer).prefix}: weights are not processed yet (no kernel chosen)")
+            raise RuntimeError(f"{_state(layer).geometry.prefix}: weights are not processed yet (no kernel chosen)")
         return kernel
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
