@@ -27,6 +27,7 @@ symmetric 4-bit v1, scales F16 ``[groups, out]``, ``g_idx`` I32 ``[in]``).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,7 @@ def dequantize(q: Quantized) -> torch.Tensor:
     return ((q.codes - q.zeros[g]).float() * q.scales[g].float()).t().contiguous()
 
 
-def _pack_words(values: torch.Tensor, bits: int) -> torch.Tensor:
+def pack_words(values: torch.Tensor, bits: int) -> torch.Tensor:
     """Pack ``values [..., M]`` (M a multiple of 32/bits) into int32 words along the last dim, low bits first."""
     pack = 32 // bits
     *lead, m = values.shape
@@ -107,14 +108,14 @@ def pack_gptq(q: Quantized, *, checkpoint_format: str = "gptq") -> dict[str, tor
     """The four GPTQ tensors of one weight (names without the module prefix)."""
     zeros = q.zeros - 1 if checkpoint_format == "gptq" else q.zeros
     return {
-        "qweight": _pack_words(q.codes.t(), q.bits).t().contiguous(),
-        "qzeros": _pack_words(zeros, q.bits),
+        "qweight": pack_words(q.codes.t(), q.bits).t().contiguous(),
+        "qzeros": pack_words(zeros, q.bits),
         "scales": q.scales.clone(),
         "g_idx": q.g_idx.clone(),
     }
 
 
-def _input_seed(module: str) -> int:
+def input_seed(module: str) -> int:
     """One act-order permutation per layer input: q/k/v share theirs, and so do gate/up (as in GPTQ)."""
     shared = module.replace("k_proj", "q_proj").replace("v_proj", "q_proj").replace("up_proj", "gate_proj")
     return sum(ord(c) * (i + 1) for i, c in enumerate(shared)) % 10_000
@@ -136,6 +137,28 @@ def save_gptq_checkpoint(
     whose linear weights are replaced by their dequantized values, the model
     whose logits a correct load reproduces.
     """
+    quantization_config = gptq_quantization_config(bits, group_size, sym=sym, desc_act=desc_act,
+                                                    checkpoint_format=checkpoint_format)
+
+    def pack(weight: torch.Tensor, module: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        q = quantize(weight, bits, group_size, sym=sym, act_order=desc_act, seed=input_seed(module))
+        return pack_gptq(q, checkpoint_format=checkpoint_format), dequantize(q)
+
+    return save_packed_checkpoint(family, path, quantization_config, pack, seed=seed, **overrides)
+
+
+Packer = Callable[[torch.Tensor, str], tuple[dict[str, torch.Tensor], torch.Tensor]]
+"""``(weight [N, K], module name) -> ({tensor suffix: tensor}, dequantized weight)`` for one linear weight."""
+
+
+def save_packed_checkpoint(family: str, path: Path, quantization_config: dict[str, Any], pack: Packer, *,
+                           keep_dense: tuple[str, ...] = (), seed: int = 0, **overrides: Any) -> tuple[Path, Any]:
+    """Write a random ``family`` model with its decoder linears packed by ``pack``; return it with the reference.
+
+    The reference is the ``transformers`` model whose packed linears hold
+    their dequantized weights. ``keep_dense``: module names (e.g.
+    ``model.layers.0.self_attn.q_proj``) stored as float weights.
+    """
     from safetensors.torch import save_file
 
     config = tiny_config(family, **overrides)
@@ -143,18 +166,17 @@ def save_gptq_checkpoint(
     tensors: dict[str, torch.Tensor] = {}
     for name, param in model.state_dict().items():
         module, _, leaf = name.rpartition(".")
-        if leaf == "weight" and module.rpartition(".")[2] in LINEARS:
-            q = quantize(param, bits, group_size, sym=sym, act_order=desc_act, seed=_input_seed(module))
-            for key, value in pack_gptq(q, checkpoint_format=checkpoint_format).items():
+        if leaf == "weight" and module.rpartition(".")[2] in LINEARS and module not in keep_dense:
+            packed, dequantized = pack(param, module)
+            for key, value in packed.items():
                 tensors[f"{module}.{key}"] = value
             with torch.no_grad():
-                param.copy_(dequantize(q))
+                param.copy_(dequantized)
         elif not (name == "lm_head.weight" and config.tie_word_embeddings):
             tensors[name] = param.detach().clone().contiguous()
     path.mkdir(parents=True, exist_ok=True)
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     config_dict = config.to_dict()
-    config_dict["quantization_config"] = gptq_quantization_config(
-        bits, group_size, sym=sym, desc_act=desc_act, checkpoint_format=checkpoint_format)
+    config_dict["quantization_config"] = quantization_config
     (path / "config.json").write_text(json.dumps(config_dict, indent=2))
     return path, model

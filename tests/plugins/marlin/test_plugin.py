@@ -13,7 +13,7 @@ from loader.errors import ConfigError, UnsupportedError
 from loader.options import LoadOptions
 from loader.plugins import create_plugin_host
 from loader_plugin_marlin.config import GPTQConfig
-from loader_plugin_marlin.detection import detect_gptq
+from loader_plugin_marlin.detection import detect_packed
 from tests.helpers.gptq_checkpoints import gptq_quantization_config
 
 
@@ -54,8 +54,8 @@ def test_a_gptq_checkpoint_is_detected_with_its_fields():
 
 def test_dense_checkpoints_and_other_methods_are_not_ours():
     assert _detect({"architectures": ["X"]}) is None
-    assert detect_gptq(_declared(), "bitsandbytes", None) is None  # another method was asked for
-    with pytest.raises(UnsupportedError, match="quantization='gptq' loads checkpoints GPTQ already quantized, "
+    assert detect_packed(_declared(), "bitsandbytes", None) is None  # another method was asked for
+    with pytest.raises(UnsupportedError, match="quantization='gptq' loads checkpoints already quantized that way, "
                        "but config.json has no quantization_config"):
         _detect({}, "gptq")
 

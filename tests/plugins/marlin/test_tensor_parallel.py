@@ -1,4 +1,4 @@
-"""GPTQ under ``torchrun`` with two gloo ranks: the dequantized reference's logits, as at tp=1.
+"""GPTQ, AWQ and compressed-tensors under ``torchrun`` with two gloo ranks: the dequantized reference's logits.
 
 One launch loads every case (each launch costs seconds). Row-parallel layers
 split packed input rows, ``g_idx`` and (without act-order) the groups; with
@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.awq_checkpoints import save_awq_checkpoint
+from tests.helpers.compressed_tensors_checkpoints import save_ct_checkpoint
 from tests.helpers.gptq_checkpoints import save_gptq_checkpoint
 from tests.helpers.hf_checkpoints import reference_logits, relative_error
 from tests.helpers.model_checks import random_ids
@@ -34,7 +36,10 @@ CASES = {
     "qwen2-actorder-dequantize": ("qwen2", dict(bits=4, group_size=32, sym=False, desc_act=True),
                                   {"kernel": "dequantize"}, "dequantize"),
     "qwen2-8bit-channelwise": ("qwen2", dict(bits=8, group_size=-1, sym=True, desc_act=False), None, "int8pack"),
+    "awq-llama-g32": ("llama", dict(group_size=32), None, "int4pack"),
+    "ct-qwen2-asym-g32": ("qwen2", dict(bits=4, group_size=32, sym=False), None, "int4pack"),
 }
+WRITERS = {"awq": save_awq_checkpoint, "ct": save_ct_checkpoint}
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +47,8 @@ def tp_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("gptq-tp")
     references, cases = {}, {}
     for name, (family, fields, options, _) in CASES.items():
-        path, references[name] = save_gptq_checkpoint(family, root / name, **fields, **ALIGNED)
+        write = WRITERS.get(name.partition("-")[0], save_gptq_checkpoint)
+        path, references[name] = write(family, root / name, **fields, **ALIGNED)
         cases[name] = {"path": str(path), "options": options}
     cases_file = root / "cases.json"
     cases_file.write_text(json.dumps(cases))

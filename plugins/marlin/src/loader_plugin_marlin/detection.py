@@ -1,37 +1,57 @@
-"""Decide whether a load is a GPTQ one.
+"""Decide whether a load is one of this plugin's packed formats, and which.
 
-A checkpoint declaring ``quant_method: "gptq"`` loads as GPTQ with or without
-``quantization="gptq"``; asking for GPTQ on a checkpoint that is not GPTQ is
-an error (GPTQ needs calibration data, so it is never applied while loading).
+A checkpoint declaring ``quant_method`` ``gptq``, ``awq`` or
+``compressed-tensors`` loads with or without ``quantization=`` naming it;
+asking for one of them on a checkpoint that is not of that kind is an error
+(these formats need calibration data and are never applied while loading).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from loader.errors import UnsupportedError
 
-from .config import METHOD_NAME, GPTQConfig, config_from_checkpoint
+from .config import PackedQuantConfig, config_from_checkpoint
 
-__all__ = ["detect_gptq"]
+__all__ = ["METHODS", "detect_packed"]
 
 
-def detect_gptq(
+def _awq(declared: Mapping[str, Any], options: Mapping[str, Any] | None) -> PackedQuantConfig:
+    from .awq_format import awq_config_from_checkpoint
+
+    return awq_config_from_checkpoint(declared, options)
+
+
+def _compressed_tensors(declared: Mapping[str, Any], options: Mapping[str, Any] | None) -> PackedQuantConfig:
+    from .compressed_tensors_format import ct_config_from_checkpoint
+
+    return ct_config_from_checkpoint(declared, options)
+
+
+METHODS: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any] | None], PackedQuantConfig]] = {
+    "gptq": config_from_checkpoint,
+    "awq": _awq,
+    "compressed-tensors": _compressed_tensors,
+}
+
+
+def detect_packed(
     hf_config: Mapping[str, Any], requested: str | None, options: Mapping[str, Any] | None
-) -> GPTQConfig | None:
-    """The load's GPTQ config, or ``None`` when the load is not a GPTQ one."""
-    if requested is not None and requested != METHOD_NAME:
+) -> PackedQuantConfig | None:
+    """The load's config, or ``None`` when the load is not one of these formats."""
+    if requested is not None and requested not in METHODS:
         return None
     declared = hf_config.get("quantization_config")
     method = declared.get("quant_method") if isinstance(declared, Mapping) else None
-    if method == METHOD_NAME:
+    if method in METHODS and requested in (None, method):
         assert isinstance(declared, Mapping)
-        return config_from_checkpoint(declared, options)
+        return METHODS[str(method)](declared, options)
     if requested is None:
         return None
     found = f"declares quant_method={method!r}" if method else "has no quantization_config"
     raise UnsupportedError(
-        f"quantization={METHOD_NAME!r} loads checkpoints GPTQ already quantized, but config.json {found}; "
-        "GPTQ needs calibration data and is not applied while loading"
+        f"quantization={requested!r} loads checkpoints already quantized that way, but config.json {found}; "
+        f"{requested} needs calibration data and is not applied while loading"
     )

@@ -25,6 +25,6 @@ __all__ = ["loader_detect_quantization"]
 def loader_detect_quantization(
     hf_config: Mapping[str, Any], requested: str | None, options: LoadOptions
 ) -> QuantizationConfig | None:
-    from .detection import detect_gptq
+    from .detection import detect_packed
 
-    return detect_gptq(hf_config, requested, options.extra.get("quantization_options"))
+    return detect_packed(hf_config, requested, options.extra.get("quantization_options"))
