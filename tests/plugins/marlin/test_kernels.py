@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import itertools
 
+import attrs
 import pytest
 import torch
 
+from loader_plugin_marlin.config import KernelChoice
 from loader_plugin_marlin.gptq_format import gptq_to_quantized
 from loader_plugin_marlin.int4_cpu import int4_unsupported_reason, pack_int4
 from loader_plugin_marlin.kernels import choose_kernel, kernel_group
@@ -62,12 +64,23 @@ def test_layers_a_kernel_cannot_take_fall_back_to_the_reference_with_the_reason(
     assert _error(chosen, reference, torch.float32) <= 1e-6
 
 
-def test_no_kernel_group_tiles_rows_that_are_not_multiples_of_32():
-    weight, _ = _weight(4, 16, True, False, k=48)
+def test_groups_no_kernel_group_tiles_are_padded_with_rows_that_read_zero():
+    weight, reference = _weight(4, 16, False, False, k=48)  # groups of 16: no kernel group size fits
     assert kernel_group(weight.g_idx) is None
     chosen = choose_kernel(weight, "auto", torch.float32)
-    assert chosen.choice.reason == ("no int4 kernel group size in [32, 64, 128, 256] tiles K=48 and the "
-                                    "checkpoint's groups (group_size 16)")
+    assert chosen.choice == KernelChoice("int4pack") and chosen.padded
+    assert _error(chosen, reference, torch.float32) <= 1e-5
+
+
+def test_a_rank_s_share_of_act_order_rows_stays_packed():
+    """Row-parallel TP with act-order: this rank's rows use every group, each only partly."""
+    whole, _ = _weight(4, 32, False, True, k=256)
+    rows = slice(128, 256)
+    share = attrs.evolve(whole, codes=whole.codes[rows], g_idx=whole.g_idx[rows])
+    assert kernel_group(torch.sort(share.g_idx).values) is None
+    chosen = choose_kernel(share, "auto", torch.float32)
+    assert chosen.choice.kernel == "int4pack"
+    assert _error(chosen, share.dequantize(), torch.float32) <= 1e-5
 
 
 def test_kernel_group_is_the_largest_that_stays_inside_one_checkpoint_group():

@@ -30,9 +30,9 @@ RANKS = 2
 ALIGNED = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
 CASES = {
     "llama-sym-g32": ("llama", dict(bits=4, group_size=32, sym=True, desc_act=False), None, "int4pack"),
-    # a rank's act-order rows of a row-parallel layer rarely fill whole kernel groups: those fall back
+    # a rank's act-order rows of a row-parallel layer rarely fill whole kernel groups: they are padded
     "llama-asym-actorder-g64": ("llama", dict(bits=4, group_size=64, sym=False, desc_act=True,
-                                              checkpoint_format="gptq_v2"), None, "int4pack+dequantize"),
+                                              checkpoint_format="gptq_v2"), None, "int4pack"),
     "qwen2-actorder-dequantize": ("qwen2", dict(bits=4, group_size=32, sym=False, desc_act=True),
                                   {"kernel": "dequantize"}, "dequantize"),
     "qwen2-8bit-channelwise": ("qwen2", dict(bits=8, group_size=-1, sym=True, desc_act=False), None, "int8pack"),

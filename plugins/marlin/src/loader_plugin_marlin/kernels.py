@@ -12,6 +12,9 @@ makes every group contiguous (Marlin does the same), and the activations are
 gathered in that order before the matmul. A partial last group (GPTQModel
 writes group 128 over K = 576) does not either: the kernel's group may be any
 of 32-256 that tiles both the checkpoint's groups and K, with scales repeated.
+Where none does (a rank's share of act-order rows under tensor parallelism,
+groups of 16), each group is padded to whole kernel groups of 32 with rows
+that read an appended zero input, at the cost of the padding's extra columns.
 """
 
 from __future__ import annotations
@@ -51,13 +54,22 @@ class DequantizeKernel:
 
 @attrs.frozen(eq=False)
 class Int4Kernel:
-    """torch's packed int4 matmul, activations gathered into ``g_idx`` order first when act-ordered."""
+    """torch's packed int4 matmul, activations gathered into the kernel's row order first when needed.
+
+    :ivar in_perm: for each kernel row, the input feature it reads (``g_idx``
+        order for act-order), or ``None`` when rows are in input order.
+    :ivar padded: whether ``in_perm`` also points at an appended zero feature
+        (rows added so every group fills whole kernel groups).
+    """
 
     packed: Int4CpuWeight
     in_perm: torch.Tensor | None
     choice: KernelChoice
+    padded: bool = False
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.padded:
+            x = torch.nn.functional.pad(x, (0, 1))
         if self.in_perm is not None:
             x = x.index_select(-1, self.in_perm)
         return self.packed.matmul(x)
@@ -83,21 +95,41 @@ def kernel_group(sorted_g_idx: torch.Tensor) -> int | None:
     return None
 
 
-def _int4(weight: QuantizedWeight, dtype: torch.dtype) -> Int4Kernel | str:
+def _padded(sorted_g_idx: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each group's (sorted) rows followed by padding up to whole blocks of ``size``.
+
+    Returns ``(rows, groups)``: for each kernel row the sorted row it takes
+    (``-1`` for padding) and its group.
+    """
+    values, counts = torch.unique_consecutive(sorted_g_idx, return_counts=True)
+    rows, groups, start = [], [], 0
+    for group, count in zip(values.tolist(), counts.tolist(), strict=True):
+        padding = -count % size
+        rows += [torch.arange(start, start + count), torch.full((padding,), -1)]
+        groups.append(torch.full((count + padding,), group))
+        start += count
+    return torch.cat(rows), torch.cat(groups)
+
+
+def _int4(weight: QuantizedWeight, dtype: torch.dtype) -> Int4Kernel:
     perm = torch.argsort(weight.g_idx, stable=True) if weight.act_order else None
     g_idx = weight.g_idx if perm is None else weight.g_idx[perm]
-    size = kernel_group(g_idx)
-    if size is None:
-        return (f"no int4 kernel group size in {list(KERNEL_GROUP_SIZES)} tiles K={weight.in_features} and the "
-                f"checkpoint's groups (group_size {weight.group_size})")
     codes = weight.codes if perm is None else weight.codes[perm]
+    size = kernel_group(g_idx)
+    padded = size is None
+    if size is None:
+        # a rank's act-order rows, or groups smaller than 32: pad each group with rows that read a zero input
+        size = min(KERNEL_GROUP_SIZES)
+        rows, groups = _padded(g_idx, size)
+        source = torch.arange(weight.in_features) if perm is None else perm
+        perm = torch.where(rows >= 0, source[rows.clamp(min=0)], weight.in_features)
+        codes = torch.where((rows >= 0).unsqueeze(1), codes[rows.clamp(min=0)], 8)
+        g_idx = groups
     block_groups = g_idx[::size].long()
     scales = weight.scales[block_groups]
     biases = -weight.zeros[block_groups].to(torch.float32) * scales
     packed = pack_int4(codes.t(), scales, biases, size, dtype)
-    if packed.reason is not None:
-        return packed.reason
-    return Int4Kernel(packed, perm, KernelChoice("int4pack"))
+    return Int4Kernel(packed, perm, KernelChoice("int4pack", packed.reason), padded)
 
 
 def _int8(weight: QuantizedWeight, dtype: torch.dtype) -> Int8Kernel | str:
@@ -139,7 +171,7 @@ def choose_kernel(weight: QuantizedWeight, requested: str, dtype: torch.dtype) -
         reason = f"the {wanted} kernel does not take {weight.bits}-bit weights"
     else:
         made = _int4(weight, dtype) if wanted == "int4pack" else _int8(weight, dtype)
-        if not isinstance(made, str):
+        if not isinstance(made, str) and made.choice.reason is None:
             return made
-        reason = made
+        reason = made if isinstance(made, str) else str(made.choice.reason)
     return DequantizeKernel(weight, KernelChoice("dequantize", reason))
