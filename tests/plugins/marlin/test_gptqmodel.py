@@ -1,4 +1,4 @@
-"""Checkpoints GPTQModel itself wrote load, equal its dequantize_weight(), and agree with its CPU inference.
+"""GPTQModel-written checkpoints load, equal its dequantize_weight(), agree with its CPU inference, split at tp=2.
 
 Skipped where GPTQModel is not installed (``pip install -c constraints.txt gptqmodel``; tox env
 ``marlin-gptqmodel``). Quantizing each tiny model takes about a minute on a 2-core machine.
@@ -77,3 +77,47 @@ def test_gptqmodel_checkpoints_load_as_its_own_dequantization(written, case):
     print(f"{case}: fp32 relative error {error:.3g}; bf16 top-1 agreement with GPTQModel {agreement:.1%}; "
           f"kernels {packed_report.quantization['kernels']}")
     assert agreement >= 0.9
+
+
+# tp=2 splits o_proj's 160 input rows into 80 per rank: whole groups only with act-order (groups stay whole on
+# every rank); without it the split cuts a group of 128 (Llama) or 32 (Qwen2), which GPTQ cannot express.
+TP_EXPECTED = {
+    "llama-sym-g128": "cuts a group of 128 rows",
+    "llama-asym-actorder-g128": None,
+    "qwen2-sym-actorder-g32": None,
+    "qwen2-asym-g32": "cuts a group of 32 rows",
+}
+
+
+@pytest.mark.torchrun
+def test_gptqmodel_checkpoints_under_torchrun_at_tp2(written, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[3]
+    cases = {case: {"path": str(path), "options": None} for case, path in written.items()}
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
+    env.pop("WORLD_SIZE", None)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+               str(Path(__file__).parent / "scripts" / "tp_worker.py"), str(out), str(tmp_path / "cases.json")]
+    done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for rank in range(2):
+        results = json.loads((out / f"rank{rank}.json").read_text())
+        for case, path in written.items():
+            refused = TP_EXPECTED[case]
+            if refused:
+                assert refused in results[case]["error"], results[case]
+                continue
+            _, weights = gptqmodel_dequantized_weights(path)
+            reference = reference_from_gptqmodel(path, path.parent / "dense", weights)
+            expected = reference_logits(reference, random_ids(reference.config.vocab_size))
+            error = relative_error(torch.load(out / f"{case}-rank{rank}.pt"), expected)
+            print(f"{case} tp=2 rank {rank}: relative error {error:.3g}, kernels {results[case]['kernels']}")
+            assert error <= 1e-3
