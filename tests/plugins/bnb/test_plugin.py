@@ -80,8 +80,8 @@ def test_only_compute_dtype_may_be_overridden_on_a_prequantized_checkpoint():
 
 def test_dense_checkpoints_and_other_methods_are_not_ours():
     assert _detect({"architectures": ["X"]}, None) is None
-    with pytest.raises(UnsupportedError, match="'gptq' is not provided by any installed plugin"):
-        _detect({}, "gptq")
+    with pytest.raises(UnsupportedError, match="'hqq' is not provided by any installed plugin"):
+        _detect({}, "hqq")
 
 
 def test_asking_to_quantize_an_already_quantized_checkpoint_is_refused():

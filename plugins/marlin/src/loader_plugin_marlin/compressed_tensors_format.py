@@ -1,0 +1,168 @@
+"""compressed-tensors ``pack-quantized`` checkpoints (what llm-compressor writes for W4A16/W8A16).
+
+``quantization_config`` has ``quant_method: "compressed-tensors"``, ``format:
+"pack-quantized"``, one entry in ``config_groups`` whose ``targets`` is
+``["Linear"]`` and whose ``weights`` say ``num_bits`` (4/8), ``type: "int"``,
+``symmetric``, ``strategy`` (``group`` with ``group_size``, or ``channel``)
+and ``actorder`` (``group``: a ``weight_g_idx`` is stored; ``weight`` or
+none: groups are contiguous), and an ``ignore`` list of module names or
+``re:`` patterns kept dense. Activation quantization is not weight-only and is refused.
+
+Per layer, with the checkpoint's ``nn.Linear`` orientation:
+
+* ``weight_packed`` int32 ``[N, K/p]`` — packed along the *input* dim, low bits
+  first; each value stored as ``signed + 2**(bits-1)``;
+* ``weight_scale`` ``[N, G]``;
+* ``weight_zero_point`` int32 ``[N/p, G]`` (asymmetric only) — packed along the
+  *output* dim, offset like the codes;
+* ``weight_shape`` ``[2]`` — the unpacked ``[N, K]``, checked and not kept;
+* ``weight_g_idx`` int32 ``[K]`` with ``actorder: "group"``.
+
+The weight is ``(q - zp) * scale`` in signed terms, which is ``(stored code -
+stored zero) * scale`` — the internal representation keeps the stored values,
+with ``2**(bits-1)`` as the zero point of symmetric checkpoints.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import attrs
+import torch
+
+from loader.errors import ConfigError, UnsupportedError
+
+from .bit_packing import unpack_int32
+from .config import PackedQuantConfig, kernel_option, module_list
+from .gptq_format import check_g_idx
+from .layer_geometry import LayerGeometry
+from .param_specs import ParamSpec
+from .quantized_weight import QuantizedWeight, default_g_idx
+
+__all__ = ["CompressedTensorsConfig", "CompressedTensorsLayout", "ct_config_from_checkpoint"]
+
+METHOD_NAME = "compressed-tensors"
+FORMAT = "pack-quantized"
+_WHERE = "config.json quantization_config"
+
+
+@attrs.frozen
+class CompressedTensorsConfig(PackedQuantConfig):
+    """A compressed-tensors ``pack-quantized`` checkpoint; ``ignore`` entries may be ``re:`` patterns."""
+
+    name: ClassVar[str] = METHOD_NAME
+
+    def ignores(self, prefix: str) -> bool:
+        for entry in self.skip_modules:
+            if entry.startswith("re:"):
+                if re.match(entry[3:], prefix):
+                    return True
+            elif entry == prefix or f".{entry}." in f".{prefix}.":
+                return True
+        return False
+
+    @property
+    def layout(self) -> CompressedTensorsLayout:
+        return CompressedTensorsLayout(self)
+
+
+@attrs.frozen
+class CompressedTensorsLayout:
+    """The ``weight_*`` tensors of one layer."""
+
+    config: CompressedTensorsConfig
+    input_pack: bool = True
+    output_pack: bool = True
+
+    def params(self, geometry: LayerGeometry) -> list[ParamSpec]:
+        cfg = self.config
+        pack, rows, cols, groups = cfg.pack_factor, geometry.rows, geometry.cols, geometry.groups
+        scale_dim = 1 if geometry.shard_groups else None
+        specs = [
+            ParamSpec("weight_packed", (cols, rows // pack), torch.int32, output_dim=0, input_dim=1, packed_dim=1,
+                      pack_factor=pack),
+            ParamSpec("weight_scale", (cols, groups), torch.float32, output_dim=0, input_dim=scale_dim),
+            ParamSpec("weight_shape", (2,), torch.int64, kind="shape"),
+        ]
+        if not cfg.sym:
+            specs.append(ParamSpec("weight_zero_point", (cols // pack, groups), torch.int32, output_dim=0,
+                                   input_dim=scale_dim, packed_dim=0, pack_factor=pack))
+        if cfg.act_order:
+            specs.append(ParamSpec("weight_g_idx", (rows,), torch.int32, input_dim=0, kind="g_idx"))
+        return specs
+
+    def to_quantized(self, tensors: Mapping[str, torch.Tensor], geometry: LayerGeometry) -> QuantizedWeight:
+        cfg = self.config
+        codes = unpack_int32(tensors["weight_packed"], cfg.bits, 1).t().contiguous()
+        scales = tensors["weight_scale"].to(torch.float32).t().contiguous()
+        if cfg.sym:
+            zeros = torch.full(scales.shape, 1 << (cfg.bits - 1), dtype=torch.int32)
+        else:
+            zeros = unpack_int32(tensors["weight_zero_point"], cfg.bits, 0).to(torch.int32).t().contiguous()
+        if cfg.act_order:
+            g_idx = check_g_idx(tensors["weight_g_idx"], geometry.groups, cfg.group_size, act_order=True,
+                                whole=geometry.whole_input, first_group=geometry.first_group,
+                                what=f"{geometry.prefix}.weight")
+        else:
+            g_idx = default_g_idx(geometry.rows, cfg.group_size)
+        return QuantizedWeight(codes=codes, scales=scales, zeros=zeros, g_idx=g_idx, bits=cfg.bits,
+                               group_size=cfg.group_size)
+
+
+def _scheme(declared: Mapping[str, Any]) -> Mapping[str, Any]:
+    groups = declared.get("config_groups")
+    if not isinstance(groups, Mapping) or len(groups) != 1:
+        count = len(groups) if isinstance(groups, Mapping) else 0
+        raise UnsupportedError(f"{_WHERE}: expected one entry in config_groups, found {count}")
+    (name, scheme), = groups.items()
+    if not isinstance(scheme, Mapping):
+        raise ConfigError(f"{_WHERE}: config_groups.{name} must be an object, found {scheme!r}")
+    targets = scheme.get("targets")
+    if targets != ["Linear"]:
+        raise UnsupportedError(f"{_WHERE}: config_groups.{name}.targets {targets!r} is not supported; only ['Linear']")
+    fmt = scheme.get("format") or declared.get("format")
+    if fmt != FORMAT:
+        raise UnsupportedError(f"{_WHERE}: compressed-tensors format {fmt!r} is not supported; only {FORMAT!r}")
+    if scheme.get("input_activations") or scheme.get("output_activations"):
+        raise UnsupportedError(f"{_WHERE}: config_groups.{name} quantizes activations; only weight-only "
+                               "(W4A16/W8A16) checkpoints are supported")
+    weights = scheme.get("weights")
+    if not isinstance(weights, Mapping):
+        raise ConfigError(f"{_WHERE}: config_groups.{name}.weights must be an object, found {weights!r}")
+    return weights
+
+
+def ct_config_from_checkpoint(declared: Mapping[str, Any],
+                              options: Mapping[str, Any] | None = None) -> CompressedTensorsConfig:
+    """The config of a ``pack-quantized`` compressed-tensors checkpoint; every bad field is named."""
+    weights = _scheme(declared)
+    where = f"{_WHERE} weights"
+    bits = weights.get("num_bits")
+    if isinstance(bits, bool) or bits not in (4, 8):
+        raise UnsupportedError(f"{where}: num_bits {bits!r} is not supported; pack-quantized loads 4 or 8 bits")
+    if weights.get("type", "int") != "int":
+        raise UnsupportedError(f"{where}: type {weights.get('type')!r} is not supported; only 'int'")
+    strategy = weights.get("strategy")
+    group_size = -1
+    if strategy == "group":
+        declared_size = weights.get("group_size")
+        if isinstance(declared_size, bool) or not isinstance(declared_size, int) or declared_size <= 0:
+            raise ConfigError(f"{where}: strategy 'group' needs a positive group_size, found {declared_size!r}")
+        group_size = declared_size
+    elif strategy != "channel":
+        raise UnsupportedError(f"{where}: strategy {strategy!r} is not supported; expected 'group' or 'channel'")
+    actorder = weights.get("actorder")
+    if actorder not in (None, "group", "weight", "static"):
+        raise UnsupportedError(f"{where}: actorder {actorder!r} is not supported")
+    if weights.get("dynamic"):
+        raise UnsupportedError(f"{where}: dynamic weight quantization is not supported")
+    symmetric = weights.get("symmetric", True)
+    if not isinstance(symmetric, bool):
+        raise ConfigError(f"{where}: symmetric must be true or false, found {symmetric!r}")
+    return CompressedTensorsConfig(
+        bits=int(bits), group_size=int(group_size), act_order=actorder == "group" and group_size != -1,
+        sym=symmetric, kernel=kernel_option(options, METHOD_NAME),
+        skip_modules=module_list(declared.get("ignore"), "ignore", _WHERE),
+    )

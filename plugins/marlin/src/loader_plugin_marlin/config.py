@@ -1,0 +1,187 @@
+"""The quantization configs of packed-integer checkpoints, and the pieces they share.
+
+GPTQ, AWQ and compressed-tensors ``pack-quantized`` checkpoints describe the
+same settings in different words: bits, a group size (-1: one group over
+the whole input), act-order (``g_idx`` maps input rows to groups in any
+order), symmetric or not. :class:`PackedQuantConfig` holds them, the kernel
+the user asked for, the modules kept dense, and the per-layer kernel choices
+made after loading (:attr:`PackedQuantConfig.kernel_log`, shown by ``loader
+load --json``). Each format's subclass adds what only it has and names its
+:class:`~loader_plugin_marlin.param_specs.CheckpointLayout`.
+
+This module holds GPTQ's config (AWQ's and compressed-tensors' live beside
+their layouts). Importing it is light (no torch): the entry point imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+
+from loader.errors import ConfigError, UnsupportedError
+from loader.layers import QuantizationConfig
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from loader.layers import QuantizeMethodBase
+
+    from .param_specs import CheckpointLayout
+
+__all__ = ["BITS", "CHECKPOINT_FORMATS", "KERNELS", "METHOD_NAME", "GPTQConfig", "KernelChoice",
+           "PackedQuantConfig", "check_flag", "config_from_checkpoint", "kernel_option", "module_list"]
+
+METHOD_NAME = "gptq"
+BITS = (4, 8)
+GROUP_SIZES = (-1, 16, 32, 64, 128, 256, 512, 1024)
+CHECKPOINT_FORMATS = ("gptq", "gptq_v2")
+KERNELS = ("auto", "marlin", "int4pack", "int8pack", "dequantize")
+"""``auto`` picks per layer (Marlin on CUDA, the packed kernels on CPU); the others force one kernel (layers it
+cannot take fall back to ``dequantize``, with the reason)."""
+
+
+@attrs.frozen
+class KernelChoice:
+    """The kernel one layer runs with, and why when it is not the preferred one."""
+
+    kernel: str
+    reason: str | None = None
+
+
+def _matches(prefix: str, module: str) -> bool:
+    """Whether dotted ``module`` names ``prefix`` or one of its parents, by whole components."""
+    return f".{module}." in f".{prefix}."
+
+
+@attrs.frozen
+class PackedQuantConfig(QuantizationConfig):
+    """Settings every packed-integer format shares (subclass per format).
+
+    :ivar bits: 4 or 8 bits per weight.
+    :ivar group_size: input rows sharing one scale and zero point; -1 for one group over all of them.
+    :ivar act_order: ``g_idx`` maps each input row to its group in an arbitrary order.
+    :ivar sym: symmetric quantization (zero point ``2**(bits-1)``).
+    :ivar kernel: ``quantization_options["kernel"]``, see :data:`KERNELS`.
+    :ivar skip_modules: modules the checkpoint keeps in floating point.
+    :ivar kernel_log: each quantized layer's :class:`KernelChoice`, filled after loading.
+    """
+
+    bits: int = 4
+    group_size: int = 128
+    act_order: bool = False
+    sym: bool = True
+    kernel: str = "auto"
+    skip_modules: tuple[str, ...] = ()
+    kernel_log: dict[str, KernelChoice] = attrs.field(factory=dict, eq=False, repr=False)
+
+    @property
+    def pack_factor(self) -> int:
+        """Codes per stored int32."""
+        return 32 // self.bits
+
+    @property
+    def layout(self) -> CheckpointLayout:
+        """This format's tensors per layer."""
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        counts: dict[str, int] = {}
+        for choice in self.kernel_log.values():
+            counts[choice.kernel] = counts.get(choice.kernel, 0) + 1
+        return {
+            "method": self.name, "bits": self.bits, "group_size": self.group_size, "act_order": self.act_order,
+            "sym": self.sym, "kernel": self.kernel, "skip_modules": list(self.skip_modules), "kernels": counts,
+            "layers": {prefix: attrs.asdict(choice) for prefix, choice in sorted(self.kernel_log.items())},
+        }
+
+    def ignores(self, prefix: str) -> bool:
+        return any(_matches(prefix, m) for m in self.skip_modules)
+
+    def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
+        """:class:`~loader_plugin_marlin.linear_method.PackedLinearMethod` for every parallel linear layer."""
+        from loader.layers import LinearBase
+
+        if not isinstance(layer, LinearBase):
+            return None
+        from .linear_method import PackedLinearMethod
+
+        return PackedLinearMethod(self)
+
+
+@attrs.frozen
+class GPTQConfig(PackedQuantConfig):
+    """A GPTQ checkpoint (AutoGPTQ, GPTQModel): ``checkpoint_format`` ``gptq`` stores zero points minus one."""
+
+    name: ClassVar[str] = METHOD_NAME
+
+    checkpoint_format: str = "gptq"
+
+    @property
+    def zeros_stored_minus_one(self) -> bool:
+        """Whether ``qzeros`` hold zero - 1 (the v1 ``gptq`` convention)."""
+        return self.checkpoint_format == "gptq"
+
+    @property
+    def layout(self) -> CheckpointLayout:
+        from .gptq_format import GPTQLayout
+
+        return GPTQLayout(self)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "checkpoint_format": self.checkpoint_format}
+
+
+def check_flag(declared: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
+    value = declared.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: {key} must be true or false, found {value!r}")
+    return value
+
+
+def kernel_option(options: Mapping[str, Any] | None, method: str) -> str:
+    """``quantization_options["kernel"]`` checked (the only option these formats take)."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - {"kernel"})
+    if unknown:
+        raise ConfigError(f"quantization_options: unknown {method} option(s) {unknown}; expected some of ['kernel']")
+    kernel = options.get("kernel", "auto")
+    if kernel not in KERNELS:
+        raise ConfigError(f"quantization_options: kernel {kernel!r} is not one of {list(KERNELS)}")
+    return str(kernel)
+
+
+def module_list(value: Any, key: str, where: str) -> tuple[str, ...]:
+    """A list of module names from the config (``None``: empty)."""
+    value = value or ()
+    if isinstance(value, str) or not isinstance(value, Sequence) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}: {key} must be a list of module names, found {value!r}")
+    return tuple(value)
+
+
+_WHERE = "config.json quantization_config"
+
+
+def config_from_checkpoint(declared: Mapping[str, Any], options: Mapping[str, Any] | None = None) -> GPTQConfig:
+    """The config of a checkpoint whose ``quantization_config`` names GPTQ; every bad field is an error."""
+    bits = declared.get("bits")
+    if isinstance(bits, bool) or bits not in BITS:
+        raise UnsupportedError(f"{_WHERE}: bits {bits!r} is not supported; GPTQ checkpoints load with bits 4 or 8")
+    group_size = declared.get("group_size", -1)
+    if isinstance(group_size, bool) or group_size not in GROUP_SIZES:
+        raise UnsupportedError(f"{_WHERE}: group_size {group_size!r} is not one of {list(GROUP_SIZES)}")
+    checkpoint_format = declared.get("checkpoint_format") or declared.get("format") or "gptq"
+    if checkpoint_format not in CHECKPOINT_FORMATS:
+        raise UnsupportedError(
+            f"{_WHERE}: checkpoint_format {checkpoint_format!r} is not supported; expected one of "
+            f"{list(CHECKPOINT_FORMATS)}"
+        )
+    if check_flag(declared, "lm_head", False, _WHERE):
+        raise UnsupportedError(f"{_WHERE}: a quantized lm_head (lm_head: true) is not supported")
+    return GPTQConfig(
+        bits=int(bits), group_size=int(group_size), act_order=check_flag(declared, "desc_act", False, _WHERE),
+        sym=check_flag(declared, "sym", True, _WHERE), checkpoint_format=str(checkpoint_format),
+        kernel=kernel_option(options, METHOD_NAME),
+        skip_modules=module_list(declared.get("modules_to_not_convert"), "modules_to_not_convert", _WHERE),
+    )

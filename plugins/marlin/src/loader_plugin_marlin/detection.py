@@ -1,0 +1,57 @@
+"""Decide whether a load is one of this plugin's packed formats, and which.
+
+A checkpoint declaring ``quant_method`` ``gptq``, ``awq`` or
+``compressed-tensors`` loads with or without ``quantization=`` naming it;
+asking for one of them on a checkpoint that is not of that kind is an error
+(these formats need calibration data and are never applied while loading).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from loader.errors import UnsupportedError
+
+from .config import PackedQuantConfig, config_from_checkpoint
+
+__all__ = ["METHODS", "detect_packed"]
+
+
+def _awq(declared: Mapping[str, Any], options: Mapping[str, Any] | None) -> PackedQuantConfig:
+    from .awq_format import awq_config_from_checkpoint
+
+    return awq_config_from_checkpoint(declared, options)
+
+
+def _compressed_tensors(declared: Mapping[str, Any], options: Mapping[str, Any] | None) -> PackedQuantConfig:
+    from .compressed_tensors_format import ct_config_from_checkpoint
+
+    return ct_config_from_checkpoint(declared, options)
+
+
+METHODS: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any] | None], PackedQuantConfig]] = {
+    "gptq": config_from_checkpoint,
+    "awq": _awq,
+    "compressed-tensors": _compressed_tensors,
+}
+
+
+def detect_packed(
+    hf_config: Mapping[str, Any], requested: str | None, options: Mapping[str, Any] | None
+) -> PackedQuantConfig | None:
+    """The load's config, or ``None`` when the load is not one of these formats."""
+    if requested is not None and requested not in METHODS:
+        return None
+    declared = hf_config.get("quantization_config")
+    method = declared.get("quant_method") if isinstance(declared, Mapping) else None
+    if method in METHODS and requested in (None, method):
+        assert isinstance(declared, Mapping)
+        return METHODS[str(method)](declared, options)
+    if requested is None:
+        return None
+    found = f"declares quant_method={method!r}" if method else "has no quantization_config"
+    raise UnsupportedError(
+        f"quantization={requested!r} loads checkpoints already quantized that way, but config.json {found}; "
+        f"{requested} needs calibration data and is not applied while loading"
+    )

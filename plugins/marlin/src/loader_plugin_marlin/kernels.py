@@ -1,0 +1,177 @@
+"""Choose, per layer, how a :class:`~loader_plugin_marlin.quantized_weight.QuantizedWeight` is multiplied.
+
+On the CPU: torch's packed int4 kernel for 4-bit weights, its int8 kernel
+for channelwise 8-bit ones, and dequantize-then-matmul (the reference) for
+what neither takes. Measured on this project's 2-core machine (N = K = 4096,
+one token; see ``int4_cpu``): the packed kernels beat dequantize + matmul by
+two to three orders of magnitude in both bfloat16 and float32, so ``auto``
+takes them whenever the layer fits and records why when it does not.
+
+Act-order does not force the fallback: sorting the input rows by ``g_idx``
+makes every group contiguous (Marlin does the same), and the activations are
+gathered in that order before the matmul. A partial last group (GPTQModel
+writes group 128 over K = 576) does not either: the kernel's group may be any
+of 32-256 that tiles both the checkpoint's groups and K, with scales repeated.
+Where none does (a rank's share of act-order rows under tensor parallelism,
+groups of 16), each group is padded to whole kernel groups of 32 with rows
+that read an appended zero input, at the cost of the padding's extra columns.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import attrs
+import torch
+
+from .config import KernelChoice
+from .int4_cpu import KERNEL_GROUP_SIZES, Int4CpuWeight, pack_int4
+from .int8_cpu import Int8CpuWeight, pack_int8
+from .quantized_weight import QuantizedWeight
+
+__all__ = ["DequantizeKernel", "Int4Kernel", "Int8Kernel", "LayerKernel", "choose_kernel", "kernel_group"]
+
+
+class LayerKernel(Protocol):
+    """What a layer calls: the matmul, and the choice to report."""
+
+    @property
+    def choice(self) -> KernelChoice: ...
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+@attrs.frozen(eq=False)
+class DequantizeKernel:
+    """The reference: dequantize the whole weight on every call, then ``F.linear``."""
+
+    weight: QuantizedWeight
+    choice: KernelChoice
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.weight.dequantize(x.dtype))
+
+
+@attrs.frozen(eq=False)
+class Int4Kernel:
+    """torch's packed int4 matmul, activations gathered into the kernel's row order first when needed.
+
+    :ivar in_perm: for each kernel row, the input feature it reads (``g_idx``
+        order for act-order), or ``None`` when rows are in input order.
+    :ivar padded: whether ``in_perm`` also points at an appended zero feature
+        (rows added so every group fills whole kernel groups).
+    """
+
+    packed: Int4CpuWeight
+    in_perm: torch.Tensor | None
+    choice: KernelChoice
+    padded: bool = False
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.padded:
+            x = torch.nn.functional.pad(x, (0, 1))
+        if self.in_perm is not None:
+            x = x.index_select(-1, self.in_perm)
+        return self.packed.matmul(x)
+
+
+@attrs.frozen(eq=False)
+class Int8Kernel:
+    packed: Int8CpuWeight
+    choice: KernelChoice
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return self.packed.matmul(x)
+
+
+def kernel_group(sorted_g_idx: torch.Tensor) -> int | None:
+    """The largest kernel group size whose blocks of consecutive (sorted) rows each lie in one group."""
+    rows = int(sorted_g_idx.numel())
+    for size in sorted(KERNEL_GROUP_SIZES, reverse=True):
+        if rows % size == 0:
+            blocks = sorted_g_idx.reshape(-1, size)
+            if bool((blocks == blocks[:, :1]).all()):
+                return size
+    return None
+
+
+def _padded(sorted_g_idx: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each group's (sorted) rows followed by padding up to whole blocks of ``size``.
+
+    Returns ``(rows, groups)``: for each kernel row the sorted row it takes
+    (``-1`` for padding) and its group.
+    """
+    values, counts = torch.unique_consecutive(sorted_g_idx, return_counts=True)
+    rows, groups, start = [], [], 0
+    for group, count in zip(values.tolist(), counts.tolist(), strict=True):
+        padding = -count % size
+        rows += [torch.arange(start, start + count), torch.full((padding,), -1)]
+        groups.append(torch.full((count + padding,), group))
+        start += count
+    return torch.cat(rows), torch.cat(groups)
+
+
+def _int4(weight: QuantizedWeight, dtype: torch.dtype) -> Int4Kernel:
+    perm = torch.argsort(weight.g_idx, stable=True) if weight.act_order else None
+    g_idx = weight.g_idx if perm is None else weight.g_idx[perm]
+    codes = weight.codes if perm is None else weight.codes[perm]
+    size = kernel_group(g_idx)
+    padded = size is None
+    if size is None:
+        # a rank's act-order rows, or groups smaller than 32: pad each group with rows that read a zero input
+        size = min(KERNEL_GROUP_SIZES)
+        rows, groups = _padded(g_idx, size)
+        source = torch.arange(weight.in_features) if perm is None else perm
+        perm = torch.where(rows >= 0, source[rows.clamp(min=0)], weight.in_features)
+        codes = torch.where((rows >= 0).unsqueeze(1), codes[rows.clamp(min=0)], 8)
+        g_idx = groups
+    block_groups = g_idx[::size].long()
+    scales = weight.scales[block_groups]
+    biases = -weight.zeros[block_groups].to(torch.float32) * scales
+    packed = pack_int4(codes.t(), scales, biases, size, dtype)
+    return Int4Kernel(packed, perm, KernelChoice("int4pack", packed.reason), padded)
+
+
+def _int8(weight: QuantizedWeight, dtype: torch.dtype) -> Int8Kernel | str:
+    used = torch.unique(weight.g_idx)
+    if used.numel() != 1:
+        return f"8-bit with {used.numel()} groups: the int8 kernel takes one scale per output channel"
+    group = int(used[0])
+    return Int8Kernel(pack_int8(weight.codes.t(), weight.scales[group], weight.zeros[group], dtype),
+                      KernelChoice("int8pack"))
+
+
+def _marlin(weight: QuantizedWeight, dtype: torch.dtype) -> LayerKernel | str:
+    from .marlin_cuda import marlin_cuda_unavailable_reason, marlin_kernel
+    from .marlin_layout import marlin_unsupported_reason, repack
+
+    reason = marlin_cuda_unavailable_reason(weight.codes.device) or marlin_unsupported_reason(weight)
+    if reason is not None:
+        return reason
+    compute = dtype if dtype in (torch.float16, torch.bfloat16) else torch.float16
+    return marlin_kernel(repack(weight, compute), weight.codes.device)
+
+
+def choose_kernel(weight: QuantizedWeight, requested: str, dtype: torch.dtype) -> LayerKernel:
+    """The kernel for this layer: ``requested`` (or the best for ``auto``), else the dequantize fallback.
+
+    On a CUDA device the choice is Marlin or the fallback; torch's packed
+    kernels are CPU kernels.
+    """
+    if requested == "dequantize":
+        return DequantizeKernel(weight, KernelChoice("dequantize", "quantization_options kernel='dequantize'"))
+    if weight.codes.device.type == "cuda" or requested == "marlin":
+        made = _marlin(weight, dtype)
+        if isinstance(made, str):
+            return DequantizeKernel(weight, KernelChoice("dequantize", made))
+        return made
+    preferred = "int4pack" if weight.bits == 4 else "int8pack"
+    wanted = preferred if requested == "auto" else requested
+    if wanted != preferred:
+        reason = f"the {wanted} kernel does not take {weight.bits}-bit weights"
+    else:
+        made = _int4(weight, dtype) if wanted == "int4pack" else _int8(weight, dtype)
+        if not isinstance(made, str) and made.choice.reason is None:
+            return made
+        reason = made if isinstance(made, str) else str(made.choice.reason)
+    return DequantizeKernel(weight, KernelChoice("dequantize", reason))

@@ -1,0 +1,60 @@
+"""What a packed checkpoint format declares per layer: its tensors' shapes and splits, and how to read them.
+
+A format (GPTQ, AWQ, compressed-tensors) is a :class:`CheckpointLayout`:
+:meth:`~CheckpointLayout.params` lists the tensors one layer holds on this
+rank as :class:`ParamSpec` records — the shared quantize method turns them
+into parameters with the core's :class:`~loader.layers.param_layout.ParamLayout`,
+so the layer's own ``weight_loader`` splits fused tensors and narrows them
+to this rank — and :meth:`~CheckpointLayout.to_quantized` converts the loaded
+tensors into the one internal representation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+import attrs
+import torch
+
+from .layer_geometry import LayerGeometry
+from .quantized_weight import QuantizedWeight
+
+__all__ = ["CheckpointLayout", "ParamSpec"]
+
+
+@attrs.frozen
+class ParamSpec:
+    """One checkpoint tensor of a layer, as a parameter on this rank.
+
+    :ivar kind: ``copy`` (the narrowed rows are copied), ``g_idx`` (every fused
+        part must bring the same one) or ``shape`` (a per-part record of the
+        unpacked shape, checked against the layer and not kept).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    output_dim: int | None = None
+    input_dim: int | None = None
+    packed_dim: int | None = None
+    pack_factor: int = 1
+    kind: str = "copy"
+
+
+class CheckpointLayout(Protocol):
+    """A packed format's tensors for one layer, and their conversion to :class:`QuantizedWeight`.
+
+    ``input_pack``/``output_pack``: whether the format packs values along the
+    input / output dim (what a tensor-parallel split must respect).
+    """
+
+    @property
+    def input_pack(self) -> bool: ...
+
+    @property
+    def output_pack(self) -> bool: ...
+
+    def params(self, geometry: LayerGeometry) -> list[ParamSpec]: ...
+
+    def to_quantized(self, tensors: Mapping[str, torch.Tensor], geometry: LayerGeometry) -> QuantizedWeight: ...

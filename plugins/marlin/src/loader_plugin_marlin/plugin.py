@@ -1,0 +1,30 @@
+"""Entry point of loader-plugin-marlin: hook implementations only, imports kept light.
+
+A checkpoint whose ``config.json`` declares ``quantization_config.quant_method
+== "gptq"`` loads its packed 4/8-bit weights as they are; the config this
+plugin returns gives each linear layer its quantize method
+(:meth:`~loader_plugin_marlin.config.GPTQConfig.get_quant_method`), so no
+other hook is needed. torch is imported only when a layer is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from loader.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from loader.checkpoint import LoadOptions
+    from loader.layers import QuantizationConfig
+
+__all__ = ["loader_detect_quantization"]
+
+
+@hookimpl
+def loader_detect_quantization(
+    hf_config: Mapping[str, Any], requested: str | None, options: LoadOptions
+) -> QuantizationConfig | None:
+    from .detection import detect_packed
+
+    return detect_packed(hf_config, requested, options.extra.get("quantization_options"))
