@@ -132,7 +132,7 @@ def _resolve_device(value: str | torch.device) -> torch.device:
 def build_options(
     *, dtype: Any = "bfloat16", device: str | torch.device = "cpu", load_format: str = "auto",
     quantization: str | None = None, revision: str | None = None,
-    quantization_options: Mapping[str, Any] | None = None,
+    quantization_options: Mapping[str, Any] | None = None, format_options: Mapping[str, Any] | None = None,
 ) -> LoadOptions:
     """Validate user arguments into :class:`LoadOptions` (dtype ``"auto"`` is resolved later)."""
     if not isinstance(load_format, str) or not load_format:
@@ -147,6 +147,8 @@ def build_options(
     extra: dict[str, Any] = {"dtype_auto": isinstance(dtype, str) and dtype == "auto"}
     if quantization_options:
         extra["quantization_options"] = dict(quantization_options)
+    if format_options:
+        extra["format_options"] = dict(format_options)
     return LoadOptions(
         dtype=parsed, device=resolved_device, load_format=load_format, quantization=quantization,
         revision=revision, tp_rank=distributed.tp_rank(), tp_size=distributed.tp_size(), extra=extra,
@@ -228,13 +230,14 @@ def _load_weights(model: nn.Module, stream: Iterator[tuple[str, CheckpointTensor
 def load_model_with_report(
     source: str, *, dtype: Any = "bfloat16", device: str | torch.device = "cpu", load_format: str = "auto",
     quantization: str | None = None, revision: str | None = None,
-    quantization_options: Mapping[str, Any] | None = None, progress: bool = False,
-    host: PluginHost | None = None,
+    quantization_options: Mapping[str, Any] | None = None, format_options: Mapping[str, Any] | None = None,
+    progress: bool = False, host: PluginHost | None = None,
 ) -> tuple[nn.Module, LoadReport]:
     """Load ``source`` and return the model with a :class:`LoadReport`."""
     start = time.perf_counter()
     options = build_options(dtype=dtype, device=device, load_format=load_format, quantization=quantization,
-                            revision=revision, quantization_options=quantization_options)
+                            revision=revision, quantization_options=quantization_options,
+                            format_options=format_options)
     with _collector_paused():
         if host is not None:
             with use_plugin_host(host):
@@ -254,12 +257,17 @@ def _load(source: str, options: LoadOptions, dtype_arg: Any, progress: bool, sta
         materialize(model, options.device)
         stats = ReadStats()
         totals = [0, 0]
-        sharded = prepared.weight_format.name == "sharded_state"
+        # sharded state (the core's, or a plugin's that marks its format load_by_name) holds parameters by
+        # name, already cut for this rank and post-processed
+        sharded = prepared.weight_format.name == "sharded_state" or bool(
+            prepared.weight_format.extra.get("load_by_name"))
         if prepared.weight_format.name == "dummy":
             loaded = _fill_dummy(model)
         else:
-            # sharded state is safetensors files holding parameters by name, already post-processed
-            read_as = attrs.evolve(prepared.weight_format, name="safetensors") if sharded else prepared.weight_format
+            # the core's sharded state is safetensors files read by the safetensors plugin
+            read_as = prepared.weight_format
+            if read_as.name == "sharded_state":
+                read_as = attrs.evolve(read_as, name="safetensors")
             stream = reject_duplicates(hooks.iter_weights(prepared.source, read_as, options, stats, host))
             if quant_config is not None and not sharded:
                 stream = _guard_quantization_stream(quant_config.name, quant_config.wrap_weights(stream))
@@ -299,8 +307,8 @@ def _load(source: str, options: LoadOptions, dtype_arg: Any, progress: bool, sta
 def load_model(
     source: str, dtype: Any = "bfloat16", device: str | torch.device = "cpu", load_format: str = "auto",
     quantization: str | None = None, *, revision: str | None = None,
-    quantization_options: Mapping[str, Any] | None = None, progress: bool = False,
-    host: PluginHost | None = None,
+    quantization_options: Mapping[str, Any] | None = None, format_options: Mapping[str, Any] | None = None,
+    progress: bool = False, host: PluginHost | None = None,
 ) -> nn.Module:
     """Load a checkpoint into a ready ``torch.nn.Module``.
 
@@ -314,11 +322,14 @@ def load_model(
         or a format plugin's name (``"safetensors"``, ``"pt"``, ``"gguf"``, ...).
     :param quantization: a quantization plugin's method to quantize while
         loading (``"bitsandbytes"``), or ``None`` to use what the checkpoint declares.
+    :param format_options: options for the format plugin that reads the
+        weights (the Run:ai streamer's ``concurrency``, ``memory_limit``, ``chunk_bytesize``).
     :returns: the model in eval mode; ``model(input_ids)`` gives logits.
     :raises loader.LoadError: for any problem with the input; nothing half-loaded is returned.
     """
     model, _ = load_model_with_report(
         source, dtype=dtype, device=device, load_format=load_format, quantization=quantization,
-        revision=revision, quantization_options=quantization_options, progress=progress, host=host,
+        revision=revision, quantization_options=quantization_options, format_options=format_options,
+        progress=progress, host=host,
     )
     return model

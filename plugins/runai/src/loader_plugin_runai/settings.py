@@ -1,0 +1,107 @@
+"""The streamer's tuning knobs as load options: concurrency, memory limit, chunk size.
+
+They arrive as ``load_model(..., format_options={...})`` (``--format-option
+KEY=VALUE`` on the CLI). The streamer reads its settings from environment
+variables when a stream starts, so :meth:`StreamerSettings.applied` sets
+those for the duration of one stream and restores them afterwards; an option
+left unset keeps whatever the environment (or the streamer's default) says.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import attrs
+
+from loader.errors import UnsupportedError
+
+from .object_store import uses_path_style
+
+__all__ = ["ENV_NAMES", "StreamerSettings", "parse_byte_size"]
+
+ENV_NAMES = {
+    "concurrency": "RUNAI_STREAMER_CONCURRENCY",
+    "memory_limit": "RUNAI_STREAMER_MEMORY_LIMIT",
+    "chunk_bytesize": "RUNAI_STREAMER_CHUNK_BYTESIZE",
+}
+"""Option name -> the streamer's environment variable."""
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30}
+_SIZE = re.compile(r"^\s*(-?\d+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_byte_size(name: str, value: Any) -> int:
+    """An int, or a string such as ``"512MiB"`` / ``"2GB"``; anything else names the option."""
+    if isinstance(value, bool):
+        raise UnsupportedError(f"format option {name!r} must be a number of bytes, found {value!r}")
+    if isinstance(value, int):
+        return value
+    match = _SIZE.match(value) if isinstance(value, str) else None
+    if match is None or match.group(2).lower() not in _UNITS:
+        raise UnsupportedError(
+            f"format option {name!r} must be a number of bytes (e.g. 1073741824 or '1GiB'), found {value!r}"
+        )
+    return int(match.group(1)) * _UNITS[match.group(2).lower()]
+
+
+@attrs.frozen
+class StreamerSettings:
+    """What to tell the streamer; ``None`` keeps its default (or the environment's setting)."""
+
+    concurrency: int | None = None
+    """Threads reading files (local) or S3 clients open at once."""
+    memory_limit: int | None = None
+    """Bytes of CPU buffer the streamer may hold: ``-1`` unlimited, ``0`` one tensor at a time."""
+    chunk_bytesize: int | None = None
+    """Bytes each read request asks for."""
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> StreamerSettings:
+        """Validate ``format_options``; an unknown key or a bad value names it and what is allowed."""
+        unknown = sorted(set(options) - set(ENV_NAMES))
+        if unknown:
+            raise UnsupportedError(
+                f"unknown format option(s) {', '.join(map(repr, unknown))} for the Run:ai streamer; "
+                f"known: {', '.join(ENV_NAMES)}"
+            )
+        values: dict[str, int] = {}
+        for name, raw in options.items():
+            value = parse_byte_size(name, raw)
+            if name == "concurrency" and not 1 <= value <= 1024:
+                raise UnsupportedError(f"format option 'concurrency' must be between 1 and 1024, found {value}")
+            if name == "chunk_bytesize" and value < 1:
+                raise UnsupportedError(f"format option 'chunk_bytesize' must be positive, found {value}")
+            if name == "memory_limit" and value < -1:
+                raise UnsupportedError(
+                    f"format option 'memory_limit' must be -1 (unlimited), 0 or a number of bytes, found {value}"
+                )
+            values[name] = value
+        return cls(**values)
+
+    def environment(self) -> dict[str, str]:
+        """The variables this stream sets: the options given, plus path-style addressing for custom endpoints."""
+        env = {ENV_NAMES[name]: str(value) for name, value in attrs.asdict(self).items() if value is not None}
+        if uses_path_style() and "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING" not in os.environ:
+            env["RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING"] = "0"
+        return env
+
+    @contextmanager
+    def applied(self) -> Iterator[None]:
+        """Set :meth:`environment` for one stream, then restore what was there (the process's environment is
+        the only way the streamer takes these settings)."""
+        env = self.environment()
+        saved = {name: os.environ.get(name) for name in env}
+        os.environ.update(env)
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
