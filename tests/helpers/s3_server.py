@@ -93,6 +93,7 @@ class CountingMotoServer(ThreadedMotoServer):
         def served(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
             if self.dead:
                 self._cut(environ)
+                start_response("503 Service Unavailable", [("Content-Length", "0")])
                 return []
             key = environ.get("PATH_INFO", "").lstrip("/")
             is_get = environ.get("REQUEST_METHOD") == "GET"

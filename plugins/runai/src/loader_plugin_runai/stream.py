@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from loader.errors import CheckpointFormatError, LoadError
 from loader.weights import ReadStats
 
-from .errors import StorageAccessError
+from .errors import ObjectChangedError, StorageAccessError
 from .identity import Snapshot
 from .settings import StreamerSettings
 from .tensor import StreamedTensor, StreamSlot
@@ -35,8 +35,10 @@ def _failure(where: str, remote: bool, snapshot: Snapshot | None, exc: BaseExcep
     if snapshot is not None:
         try:
             snapshot.verify()
-        except LoadError as changed:
+        except ObjectChangedError as changed:
             return changed
+        except LoadError:
+            pass  # the store cannot answer either (a server gone): the streamer's reason says more
     reason = " ".join(str(exc).split()) or type(exc).__name__
     if remote:
         return StorageAccessError(f"{where}: streaming from object storage failed: {reason}")
