@@ -35,17 +35,14 @@ _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 
 _SIZE = re.compile(r"^\s*(-?\d+)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_byte_size(name: str, value: Any) -> int:
-    """An int, or a string such as ``"512MiB"`` / ``"2GB"``; anything else names the option."""
-    if isinstance(value, bool):
-        raise UnsupportedError(f"format option {name!r} must be a number of bytes, found {value!r}")
-    if isinstance(value, int):
+def parse_byte_size(name: str, value: Any, *, unit: bool = True) -> int:
+    """An int, or a string such as ``"512MiB"`` / ``"2GB"`` (units only when ``unit``); else an error naming it."""
+    expected = "a number of bytes (e.g. 1073741824 or '1GiB')" if unit else "a whole number"
+    if isinstance(value, int) and not isinstance(value, bool):
         return value
     match = _SIZE.match(value) if isinstance(value, str) else None
-    if match is None or match.group(2).lower() not in _UNITS:
-        raise UnsupportedError(
-            f"format option {name!r} must be a number of bytes (e.g. 1073741824 or '1GiB'), found {value!r}"
-        )
+    if match is None or match.group(2).lower() not in _UNITS or (match.group(2) and not unit):
+        raise UnsupportedError(f"format option {name!r} must be {expected}, found {value!r}")
     return int(match.group(1)) * _UNITS[match.group(2).lower()]
 
 
@@ -71,7 +68,7 @@ class StreamerSettings:
             )
         values: dict[str, int] = {}
         for name, raw in options.items():
-            value = parse_byte_size(name, raw)
+            value = parse_byte_size(name, raw, unit=name != "concurrency")
             if name == "concurrency" and not 1 <= value <= 1024:
                 raise UnsupportedError(f"format option 'concurrency' must be between 1 and 1024, found {value}")
             if name == "chunk_bytesize" and value < 1:

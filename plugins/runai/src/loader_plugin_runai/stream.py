@@ -17,7 +17,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterator, Sequence
 
-from loader.errors import CheckpointFormatError, LoadError
+from loader.errors import CheckpointFormatError, LoadError, UnsupportedError
 from loader.weights import ReadStats
 
 from .errors import ObjectChangedError, StorageAccessError
@@ -32,6 +32,13 @@ def _failure(where: str, remote: bool, snapshot: Snapshot | None, exc: BaseExcep
     """The error for a streamer failure: a changed file if one changed, else the streamer's reason."""
     if isinstance(exc, LoadError):
         return exc
+    from runai_model_streamer.file_streamer.requests_iterator import RunaiStreamerMemoryLimitException
+
+    if isinstance(exc, RunaiStreamerMemoryLimitException):
+        return UnsupportedError(
+            f"{where}: format option 'memory_limit' is too small for this checkpoint: {exc} "
+            "(use at least its largest tensor, 0 for one tensor at a time, or -1 for no limit)"
+        )
     if snapshot is not None:
         try:
             snapshot.verify()
