@@ -26,6 +26,8 @@ def render() -> str:
         "",
         "Implement a hook in your plugin's entry-point module with `@loader.hookimpl`. An implementation may",
         "accept fewer arguments than the spec lists. Hooks marked *firstresult* stop at the first non-`None` answer.",
+        "The core calls every hook through pluggy, so `tryfirst`/`trylast` order implementations and",
+        "`wrapper=True` (or old-style `hookwrapper=True`) implementations wrap the others, as pluggy documents.",
         "",
     ]
     members = inspect.getmembers(hookspecs, inspect.isfunction)

@@ -1,17 +1,27 @@
 """Typed calls into the plugins, one function per hook.
 
-The rest of loader calls these, never ``pm.hook``. Each call runs the
-implementations in pluggy's order, passes each only the arguments it accepts,
-and turns an exception that is not a :class:`~loader.errors.LoadError` into a
-:class:`~loader.errors.PluginError` naming the plugin and the hook.
+The rest of loader calls these, never ``pm.hook``. Each call goes through
+pluggy's own ``HookCaller``, so implementations run in pluggy's order
+(``tryfirst``/``trylast``, LIFO otherwise), receive only the arguments they
+accept, and ``wrapper=True``/``hookwrapper=True`` implementations wrap the
+others as pluggy documents. The host registered every plugin guarded
+(:mod:`loader.plugin_guard`), so an exception that is not a
+:class:`~loader.errors.LoadError` arrives here as a
+:class:`~loader.errors.PluginError` naming the plugin and the hook, and so do
+errors while iterating a plugin's weight stream.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import logging
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+import attrs
+import pluggy
+
 from .errors import LoadError, PluginError
+from .plugin_guard import calling_plugin, recording_answers
 
 if TYPE_CHECKING:
     import torch
@@ -25,6 +35,7 @@ if TYPE_CHECKING:
     from .weights import ReadStats, WeightStream
 
 __all__ = [
+    "Answer",
     "detect_format",
     "detect_quantization",
     "get_quant_method",
@@ -37,6 +48,9 @@ __all__ = [
 ]
 
 
+log = logging.getLogger(__name__)
+
+
 def _host(host: PluginHost | None) -> PluginHost:
     if host is not None:
         return host
@@ -45,47 +59,45 @@ def _host(host: PluginHost | None) -> PluginHost:
     return get_plugin_host()
 
 
-def _plugin_failed(plugin: str, hook: str, exc: BaseException) -> PluginError:
-    return PluginError(f"plugin {plugin!r} failed in {hook}: {type(exc).__name__}: {exc}")
+@attrs.frozen
+class Answer:
+    """A ``firstresult`` hook's answer and the plugin that gave it (a wrapper, if it replaced the answer)."""
+
+    plugin: str | None  # None only for an implementation registered past the host's guard
+    value: Any
 
 
-def _invoke(plugin: str, hook: str, impl: Any, kwargs: dict[str, Any]) -> Any:
-    """Run one implementation with the arguments it accepts; its bugs become a PluginError naming it."""
-    try:
-        return impl.function(**{name: kwargs[name] for name in impl.argnames})
-    except LoadError:
-        raise
-    except Exception as exc:
-        raise _plugin_failed(plugin, hook, exc) from exc
+def _first(caller: pluggy.HookCaller, **kwargs: Any) -> Answer | None:
+    """Call a ``firstresult`` hook through pluggy; ``None`` if every implementation declined.
 
-
-def _call(host: PluginHost | None, hook: str, *, firstresult: bool, **kwargs: Any) -> Any:
-    results = []
-    for plugin, impl in _host(host).implementers(hook):
-        result = _invoke(plugin, hook, impl, kwargs)
-        if result is None:
-            continue
-        if firstresult:
-            return plugin, result
-        results.append((plugin, result))
-    return None if firstresult else results
+    The answering plugin is the first whose noted answer is the very object
+    pluggy returned: a wrapper that passes the answer through leaves it to the
+    inner implementation, one that replaces it answers itself.
+    """
+    with recording_answers() as answers:
+        value = caller(**kwargs)
+    if value is None:
+        return None
+    plugin = next((name for name, answer in answers if answer is value), None)
+    log.info("%s answered by plugin %r", caller.name, plugin)
+    return Answer(plugin, value)
 
 
 def resolve_source(location: str, options: LoadOptions, host: PluginHost | None = None) -> Source:
     """Resolve a location; raises :class:`~loader.errors.SourceNotFoundError` if nobody can."""
     from .errors import SourceNotFoundError
 
-    found = _call(host, "loader_resolve_source", firstresult=True, location=location, options=options)
+    found = _first(_host(host).pm.hook.loader_resolve_source, location=location, options=options)
     if found is None:
         raise SourceNotFoundError(f"{location}: not a local path, Hub id or URI any plugin can open")
-    return found[1]  # type: ignore[no-any-return]
+    return found.value  # type: ignore[no-any-return]
 
 
 def detect_format(source: Source, requested: str, host: PluginHost | None = None) -> WeightFormat:
     """Choose the weight format; raises if no plugin recognises the files."""
     from .errors import SourceNotFoundError, UnsupportedError
 
-    found = _call(host, "loader_detect_format", firstresult=True, source=source, requested=requested)
+    found = _first(_host(host).pm.hook.loader_detect_format, source=source, requested=requested)
     if found is None:
         if requested != "auto":
             raise UnsupportedError(
@@ -95,56 +107,59 @@ def detect_format(source: Source, requested: str, host: PluginHost | None = None
         raise SourceNotFoundError(
             f"{source.display()}: no weight files any installed format plugin recognises"
         )
-    return found[1]  # type: ignore[no-any-return]
+    return found.value  # type: ignore[no-any-return]
 
 
 def read_config(source: Source, weight_format: WeightFormat, host: PluginHost | None = None) -> Mapping[str, Any]:
     """The model configuration; raises :class:`~loader.errors.ConfigError` if there is none."""
     from .errors import ConfigError
 
-    found = _call(host, "loader_read_config", firstresult=True, source=source, weight_format=weight_format)
+    found = _first(_host(host).pm.hook.loader_read_config, source=source, weight_format=weight_format)
     if found is None:
         raise ConfigError(f"{source.display()}: no config.json and no plugin could derive a configuration")
-    return found[1]  # type: ignore[no-any-return]
+    return found.value  # type: ignore[no-any-return]
 
 
 def load_tokenizer(source: Source, weight_format: WeightFormat, host: PluginHost | None = None) -> TokenizerBundle:
     """The checkpoint's tokenizer; raises :class:`~loader.errors.LoadError` if there is none."""
-    found = _call(host, "loader_load_tokenizer", firstresult=True, source=source, weight_format=weight_format)
+    found = _first(_host(host).pm.hook.loader_load_tokenizer, source=source, weight_format=weight_format)
     if found is None:
         raise LoadError(f"{source.display()}: no tokenizer.json and no plugin could build a tokenizer")
-    return found[1]  # type: ignore[no-any-return]
+    return found.value  # type: ignore[no-any-return]
 
 
 def iter_weights(
     source: Source, weight_format: WeightFormat, options: LoadOptions, stats: ReadStats,
     host: PluginHost | None = None,
 ) -> WeightStream:
-    """The owning plugin's lazy iterator; errors while iterating name the plugin."""
+    """The owning plugin's lazy iterator; errors while iterating name the plugin (its stream is guarded)."""
     from .errors import UnsupportedError
 
-    found = _call(host, "loader_iter_weights", firstresult=True, source=source,
-                  weight_format=weight_format, options=options, stats=stats)
+    found = _first(_host(host).pm.hook.loader_iter_weights, source=source,
+                   weight_format=weight_format, options=options, stats=stats)
     if found is None:
         raise UnsupportedError(f"no installed plugin can read weights of format {weight_format.name!r}")
-    plugin, stream = found
-    return _guard_stream(plugin, stream)
+    return found.value  # type: ignore[no-any-return]
 
 
-def _guard_stream(plugin: str, stream: WeightStream) -> Iterator[Any]:
-    try:
-        yield from stream
-    except LoadError:
-        raise
-    except Exception as exc:
-        raise _plugin_failed(plugin, "loader_iter_weights", exc) from exc
+def register_architectures(register: Callable[[str], RegisterArchitecture], host: PluginHost | None = None) -> None:
+    """Ask every plugin to register; ``register(plugin_name)`` returns that plugin's callback.
 
+    pluggy hands every implementation the same ``register``; it forwards to the
+    callback of the plugin whose implementation is running, so a registration
+    is always credited to the plugin that made it.
+    """
 
-def register_architectures(register: Any, host: PluginHost | None = None) -> None:
-    """Ask every plugin to register; ``register(plugin_name)`` returns that plugin's callback."""
-    for plugin, impl in _host(host).implementers("loader_register_architectures"):
-        callback: RegisterArchitecture = register(plugin)
-        _invoke(plugin, "loader_register_architectures", impl, {"register": callback})
+    def register_for_caller(architecture: str, class_path: str) -> None:
+        plugin = calling_plugin()
+        if plugin is None:
+            raise PluginError(
+                f"register({architecture!r}, {class_path!r}) was called after loader_register_architectures "
+                "returned; call it while the hook runs"
+            )
+        register(plugin)(architecture, class_path)
+
+    _host(host).pm.hook.loader_register_architectures(register=register_for_caller)
 
 
 def detect_quantization(
@@ -154,10 +169,10 @@ def detect_quantization(
     """The quantization config, ``None`` for a plain load; raises if a request has no plugin."""
     from .errors import UnsupportedError
 
-    found = _call(host, "loader_detect_quantization", firstresult=True, hf_config=hf_config,
-                  requested=requested, options=options)
+    found = _first(_host(host).pm.hook.loader_detect_quantization, hf_config=hf_config,
+                   requested=requested, options=options)
     if found is not None:
-        return found[1]  # type: ignore[no-any-return]
+        return found.value  # type: ignore[no-any-return]
     if requested is not None:
         raise UnsupportedError(f"quantization {requested!r} is not provided by any installed plugin")
     declared = hf_config.get("quantization_config")
@@ -173,9 +188,9 @@ def get_quant_method(
     quant_config: QuantizationConfig, layer: nn.Module, prefix: str, host: PluginHost | None = None
 ) -> QuantizeMethodBase | None:
     """The layer's quantize method, or ``None`` to keep it unquantized."""
-    found = _call(host, "loader_get_quant_method", firstresult=True, quant_config=quant_config,
-                  layer=layer, prefix=prefix)
-    return None if found is None else found[1]
+    found = _first(_host(host).pm.hook.loader_get_quant_method, quant_config=quant_config,
+                   layer=layer, prefix=prefix)
+    return None if found is None else found.value  # type: ignore[no-any-return]
 
 
 def process_weights_after_loading(
@@ -183,5 +198,6 @@ def process_weights_after_loading(
     host: PluginHost | None = None,
 ) -> None:
     """Run every plugin's post-processing."""
-    _call(host, "loader_process_weights_after_loading", firstresult=False, model=model,
-          quant_config=quant_config, target_device=target_device)
+    _host(host).pm.hook.loader_process_weights_after_loading(
+        model=model, quant_config=quant_config, target_device=target_device
+    )

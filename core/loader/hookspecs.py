@@ -7,7 +7,9 @@ parameter and the return value. A plugin implements a hook with
 specs grow by adding arguments without breaking plugins.
 
 Nothing outside the core calls these hooks directly: :mod:`loader.hooks`
-wraps each one in a typed function that names the plugin when it fails.
+wraps each one in a typed function that calls it through pluggy, and the
+host registers each plugin guarded (:mod:`loader.plugin_guard`) so that a
+failure names the plugin and the hook.
 """
 
 from __future__ import annotations

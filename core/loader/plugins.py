@@ -6,6 +6,10 @@ every entry point of group ``loader.plugins``. Each entry point is loaded in
 its own ``try`` so one broken plugin is recorded (name, distribution,
 version, error) and the others still work. ``LOADER_PLUGINS`` (comma-separated
 allow-list) and ``LOADER_DISABLE_PLUGINS`` (deny-list) choose which load.
+
+Every plugin is registered through :meth:`PluginHost.register`, which hands
+pluggy a guarded view of it (:mod:`loader.plugin_guard`): pluggy calls the
+hooks, and a plugin's bug is still reported under the plugin's name.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import attrs
 import pluggy
 
 from . import hookspecs
+from .plugin_guard import GuardedPlugin
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -65,11 +70,20 @@ class PluginHost:
 
     def register(self, plugin: object, name: str, *, distribution: str | None = None,
                  version: str | None = None) -> None:
-        """Register an in-process plugin (tests, embedding applications) under ``name``."""
-        self.pm.register(plugin, name=name)
+        """Register a plugin (an entry point's module, or an in-process one in tests) under ``name``.
+
+        pluggy gets a :class:`~loader.plugin_guard.GuardedPlugin`: the plugin's
+        hook implementations wrapped so that a failure names the plugin. pluggy
+        refuses the same object twice only by identity, which the view hides,
+        so that check is made here.
+        """
+        if any(isinstance(view, GuardedPlugin) and view.plugin is plugin for view in self.pm.get_plugins()):
+            raise ValueError(f"plugin {plugin!r} is already registered under another name than {name!r}")
+        view = GuardedPlugin(plugin, name, self.pm)
+        self.pm.register(view, name=name)
         self.records[name] = PluginRecord(
             name=name, distribution=distribution, version=version, status="loaded",
-            hooks=_hooks_of(self.pm, plugin),
+            hooks=_hooks_of(self.pm, view),
         )
 
     def unregister(self, name: str) -> None:
@@ -78,12 +92,6 @@ class PluginHost:
 
     def plugin_records(self) -> list[PluginRecord]:
         return sorted(self.records.values(), key=lambda r: r.name)
-
-    def implementers(self, hook_name: str) -> list[tuple[str, pluggy.HookImpl]]:
-        """The plugins implementing a hook, in call order (first called first)."""
-        caller: pluggy.HookCaller = getattr(self.pm.hook, hook_name)
-        impls = caller.get_hookimpls()
-        return [(impl.plugin_name, impl) for impl in reversed(impls)]
 
 
 def _hooks_of(pm: pluggy.PluginManager, plugin: object) -> tuple[str, ...]:
@@ -137,16 +145,11 @@ def _load_entry_points(host: PluginHost, *, allow: set[str] | None, deny: set[st
             host.records[ep.name] = PluginRecord(ep.name, dist, version, "blocked")
             continue
         try:
-            plugin = ep.load()
-            host.pm.register(plugin, name=ep.name)
+            host.register(ep.load(), ep.name, distribution=dist, version=version)
         except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the others
             host.records[ep.name] = PluginRecord(
                 ep.name, dist, version, "failed", error=f"{type(exc).__name__}: {exc}"
             )
-            continue
-        host.records[ep.name] = PluginRecord(
-            ep.name, dist, version, "loaded", hooks=_hooks_of(host.pm, plugin)
-        )
 
 
 _host: PluginHost | None = None

@@ -1,26 +1,65 @@
-"""loader.layers re-exports its building blocks lazily."""
+"""loader.layers re-exports its building blocks lazily, and exactly what the type checker is told it does."""
 
 from __future__ import annotations
 
+import ast
+import importlib
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import loader.layers as layers
 
 
-def test_every_exported_name_resolves():
-    for name in layers.__all__:
-        assert getattr(layers, name) is not None, name
-    assert sorted(dir(layers)) == sorted(layers.__all__)
+def _typed_homes() -> dict[str, str]:
+    """Name -> submodule, as the ``if TYPE_CHECKING:`` imports of ``loader/layers/__init__.py`` state it."""
+    tree = ast.parse(Path(layers.__file__).read_text())
+    homes: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for stmt in node.body:
+                assert isinstance(stmt, ast.ImportFrom) and stmt.level == 1 and stmt.module, ast.unparse(stmt)
+                homes.update({alias.name: stmt.module for alias in stmt.names})
+    return homes
 
 
-def test_unknown_name_raises_attribute_error():
+def test_exports_are_exactly_what_the_type_checker_sees() -> None:
+    homes = _typed_homes()
+    assert sorted(homes) == sorted(layers.__all__)
+    assert len(layers.__all__) == len(set(layers.__all__))
+
+
+@pytest.mark.parametrize("name", layers.__all__)
+def test_each_name_resolves_to_the_object_its_typed_home_defines(name: str) -> None:
+    home = importlib.import_module(f"loader.layers.{_typed_homes()[name]}")
+    assert getattr(layers, name) is getattr(home, name)
+
+
+def test_unknown_name_raises_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         layers.Nope  # noqa: B018
 
 
-def test_quantization_module_imports_without_torch():
-    code = "import sys, loader.layers.quantization; sys.exit('torch' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+LAZY = """
+import json, sys
+import loader.layers as layers
+def loaded():
+    return sorted(m for m in sys.modules if m == "torch" or m.startswith("loader.layers."))
+steps = {"import": loaded()}
+layers.QuantizationConfig
+steps["QuantizationConfig"] = loaded()
+layers.RMSNorm
+steps["RMSNorm"] = [m for m in loaded() if m in ("torch", "loader.layers.layernorm")]
+print(json.dumps(steps))
+"""
+
+
+def test_names_are_imported_on_first_access_and_quantization_without_torch() -> None:
+    done = subprocess.run([sys.executable, "-c", LAZY], capture_output=True, text=True, check=True)
+    steps = json.loads(done.stdout)
+    assert steps["import"] == []
+    assert steps["QuantizationConfig"] == ["loader.layers.quantization"]
+    assert steps["RMSNorm"] == ["loader.layers.layernorm", "torch"]

@@ -13,6 +13,7 @@ import struct
 from pathlib import Path
 
 import pytest
+import safetensors.torch as safetensors_torch
 import torch
 
 import loader
@@ -337,10 +338,15 @@ def test_a_gap_between_tensors_is_tolerated_and_values_are_exact(tmp_path: Path)
 def test_symlink_inside_the_model_folder_is_allowed(tmp_path: Path) -> None:
     """Hub caches link every file to a blob; a link that stays inside the folder is fine."""
     model = tmp_path / "model"
-    write_llama_checkpoint(model)
+    tensors = write_llama_checkpoint(model)
     shard = _second_shard(model)
     blobs = model / "blobs"
     blobs.mkdir()
     os.replace(shard, blobs / "abc123")
     shard.symlink_to(blobs / "abc123")
-    loader.load_model(str(model), dtype="float32")
+    linked = dict(safetensors_torch.load_file(str(blobs / "abc123")))
+    assert shard.is_symlink() and {LAST, "lm_head.weight"} <= set(linked)
+    loaded = loader.load_model(str(model), dtype="float32")
+    assert torch.equal(loaded.model.norm.weight, tensors[LAST])
+    assert torch.equal(loaded.lm_head.weight, tensors["lm_head.weight"])
+    assert torch.equal(loaded.model.embed_tokens.weight, tensors[EMBED]), "the unlinked first shard too"

@@ -1,0 +1,151 @@
+"""The post-loading device context (the seed's ``device_loading_context``): parameters visit the target device.
+
+A quantize method's ``process_weights_after_loading`` may need the GPU (a
+repack) even for a layer whose parameters live on the CPU. On a machine
+without CUDA the move itself is faked (``Tensor.to`` a fake GPU returns a CPU
+copy noted as resident there; the ``meta`` device cannot stand in, torch
+refuses to swap a CPU parameter's data for a meta tensor), which tests which
+parameters move, what comes back and when. The CUDA tests run the real move
+and check that the copy back lands in pinned memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from loader.pipeline.postprocess import device_loading_context
+
+FAKE_GPU = torch.device("cuda", 7)  # never used as a device: the fixture intercepts moves to it
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+class Layer(nn.Module):
+    """Two parameters of its own and a child whose parameters the context must leave alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.arange(6, dtype=torch.float32).reshape(2, 3), requires_grad=False)
+        self.scale = nn.Parameter(torch.ones(2), requires_grad=False)
+        self.child = nn.Linear(3, 2)
+
+
+def _repacked() -> torch.Tensor:
+    """What the tests' repack leaves: a new tensor of another shape, computed from the weight's values."""
+    return (torch.arange(6, dtype=torch.float32).reshape(2, 3) * 2).t().contiguous()
+
+
+class FakeGpu:
+    """The tensors moved "to the GPU", kept alive so no later allocation can reuse their addresses."""
+
+    def __init__(self) -> None:
+        self.copies: list[torch.Tensor] = []
+
+    def __contains__(self, tensor: torch.Tensor) -> bool:
+        return any(tensor.data_ptr() == copy.data_ptr() for copy in self.copies)
+
+
+@pytest.fixture
+def on_fake_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGpu]:
+    """``Tensor.to(FAKE_GPU)`` returns a CPU copy that the returned :class:`FakeGpu` holds."""
+    gpu = FakeGpu()
+    real_to = torch.Tensor.to
+
+    def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if args[:1] == (FAKE_GPU,) or kwargs.get("device") == FAKE_GPU:
+            gpu.copies.append(self.clone())
+            return gpu.copies[-1]
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    yield gpu
+
+
+def test_a_cpu_target_moves_nothing() -> None:
+    layer = Layer()
+    before = {name: p.data_ptr() for name, p in layer.named_parameters()}
+    with device_loading_context(layer, torch.device("cpu")) as inside:
+        assert inside is layer
+        assert {name: p.data_ptr() for name, p in layer.named_parameters()} == before
+    assert {name: p.data_ptr() for name, p in layer.named_parameters()} == before
+
+
+def test_own_cpu_parameters_visit_the_target_and_come_back_with_what_the_block_left(on_fake_gpu: FakeGpu) -> None:
+    layer = Layer()
+    child_weight = layer.child.weight.data_ptr()
+    with device_loading_context(layer, FAKE_GPU):
+        assert layer.weight in on_fake_gpu and layer.scale in on_fake_gpu
+        assert layer.child.weight.data_ptr() == child_weight, "only the module's own parameters move"
+        torch.testing.assert_close(layer.weight.data, torch.arange(6, dtype=torch.float32).reshape(2, 3))
+        layer.weight.data = (layer.weight.data * 2).t().contiguous()  # the repack, "on the GPU"
+        repacked = layer.weight.data_ptr()
+    assert layer.weight not in on_fake_gpu and layer.scale not in on_fake_gpu
+    assert layer.weight.data_ptr() != repacked, "copied back into fresh CPU memory"
+    assert layer.weight.device.type == "cpu" and layer.weight.shape == (3, 2)
+    torch.testing.assert_close(layer.weight.data, _repacked())
+    torch.testing.assert_close(layer.scale.data, torch.ones(2))
+    assert isinstance(layer.weight, nn.Parameter) and not layer.weight.requires_grad
+    assert layer.weight.is_pinned() == torch.cuda.is_available(), "pinned memory where CUDA is available"
+
+
+def test_parameters_come_back_when_the_block_raises(on_fake_gpu: FakeGpu) -> None:
+    layer = Layer()
+    with pytest.raises(RuntimeError, match="repack failed"), device_loading_context(layer, FAKE_GPU):
+        layer.scale.data = torch.full((2,), 3.0)
+        raise RuntimeError("repack failed")
+    assert layer.weight not in on_fake_gpu and layer.scale not in on_fake_gpu
+    torch.testing.assert_close(layer.weight.data, torch.arange(6, dtype=torch.float32).reshape(2, 3))
+    torch.testing.assert_close(layer.scale.data, torch.full((2,), 3.0))
+
+
+def test_a_parameter_added_by_the_block_stays_where_it_was_made(on_fake_gpu: FakeGpu) -> None:
+    layer = Layer()
+    with device_loading_context(layer, FAKE_GPU):
+        made = torch.zeros(2).to(FAKE_GPU)
+        layer.register_parameter("zeros", nn.Parameter(made, requires_grad=False))
+    assert layer.zeros in on_fake_gpu
+    assert layer.weight not in on_fake_gpu
+
+
+# --- CUDA: the branch the seed wrote it for -------------------------------------------------
+
+
+@needs_cuda
+def test_cuda_repack_comes_back_to_pinned_cpu_memory() -> None:
+    layer = Layer()
+    target = torch.device("cuda", torch.cuda.current_device())
+    with device_loading_context(layer, target):
+        assert layer.weight.device.type == "cuda" and layer.scale.device.type == "cuda"
+        assert layer.child.weight.device.type == "cpu"
+        layer.weight.data = (layer.weight.data * 2).t().contiguous()  # the repack runs on the GPU
+    for param in (layer.weight, layer.scale):
+        assert param.device.type == "cpu"
+        assert param.is_pinned(), "pinned, so the next transfer to the GPU is asynchronous"
+    torch.testing.assert_close(layer.weight.data, _repacked())
+    torch.testing.assert_close(layer.scale.data, torch.ones(2))
+
+
+@needs_cuda
+def test_cuda_parameters_already_on_the_gpu_stay_there() -> None:
+    layer = Layer()
+    target = torch.device("cuda", torch.cuda.current_device())
+    layer.scale.data = layer.scale.data.to(target)
+    scale = layer.scale.data_ptr()
+    with device_loading_context(layer, target):
+        assert layer.scale.data_ptr() == scale
+    assert layer.scale.device.type == "cuda" and layer.scale.data_ptr() == scale
+    assert layer.weight.device.type == "cpu"
+
+
+@needs_cuda
+def test_cuda_parameters_come_back_when_the_block_raises() -> None:
+    layer = Layer()
+    with pytest.raises(RuntimeError, match="repack failed"), \
+            device_loading_context(layer, torch.device("cuda", torch.cuda.current_device())):
+        raise RuntimeError("repack failed")
+    assert layer.weight.device.type == "cpu" and layer.weight.is_pinned()
+    torch.testing.assert_close(layer.weight.data, torch.arange(6, dtype=torch.float32).reshape(2, 3))
