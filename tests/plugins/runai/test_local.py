@@ -80,3 +80,9 @@ def test_tokenizer_comes_from_s3(llama_checkpoint: Path, tmp_path: Path, s3_clie
     local = tokenizer_for(str(folder))
     assert remote.tokenizer.encode("w7 w9 w11").ids == local.tokenizer.encode("w7 w9 w11").ids
     assert remote.chat_template == local.chat_template and remote.eos_token_ids == local.eos_token_ids
+
+
+def test_buffered_strategy_reads_through_the_page_cache(llama_checkpoint: Path) -> None:
+    streamed = loader.load_model(str(llama_checkpoint), dtype="float32", load_format="runai_streamer",
+                                 format_options={"fs_strategy": "sync_buffered", "concurrency": 2})
+    _state_equal(streamed, loader.load_model(str(llama_checkpoint), dtype="float32"))

@@ -27,6 +27,8 @@ def test_options_map_to_the_streamer_variables(monkeypatch: pytest.MonkeyPatch) 
     assert settings.environment() == {"RUNAI_STREAMER_CONCURRENCY": "16", "RUNAI_STREAMER_MEMORY_LIMIT": str(2**30),
                                       "RUNAI_STREAMER_CHUNK_BYTESIZE": str(8 << 20)}
     assert StreamerSettings.from_options({}).environment() == {}
+    assert StreamerSettings.from_options({"fs_strategy": "sync_buffered, io_uring_buffered"}).environment() == {
+        "RUNAI_STREAMER_FS_STRATEGY": "sync_buffered,io_uring_buffered"}
 
 
 def test_applied_sets_then_restores(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -56,6 +58,9 @@ def test_custom_endpoint_gets_path_style_addressing(monkeypatch: pytest.MonkeyPa
     ({"memory_limit": "lots"}, r"'memory_limit' must be a number of bytes \(e.g. 1073741824 or '1GiB'\), found 'lots'"),
     ({"memory_limit": "2TiB"}, r"found '2TiB'"),
     ({"memory_limit": 1.5}, r"found 1.5"),
+    ({"fs_strategy": "mmap"}, r"'fs_strategy' must be one or more of io_uring_direct, io_uring_buffered, "
+                              r"libaio_direct, sync_buffered \(comma-separated\), found 'mmap'"),
+    ({"fs_strategy": 3}, r"'fs_strategy' must be one or more of .* found 3"),
 ])
 def test_bad_options_are_refused_by_name(options: dict[str, Any], message: str) -> None:
     with pytest.raises(UnsupportedError, match=message):

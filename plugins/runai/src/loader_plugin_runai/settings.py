@@ -27,8 +27,13 @@ ENV_NAMES = {
     "concurrency": "RUNAI_STREAMER_CONCURRENCY",
     "memory_limit": "RUNAI_STREAMER_MEMORY_LIMIT",
     "chunk_bytesize": "RUNAI_STREAMER_CHUNK_BYTESIZE",
+    "fs_strategy": "RUNAI_STREAMER_FS_STRATEGY",
 }
 """Option name -> the streamer's environment variable."""
+
+FS_STRATEGIES = ("io_uring_direct", "io_uring_buffered", "libaio_direct", "sync_buffered")
+"""How the streamer reads local files, in the order it tries them (its default:
+``io_uring_direct,libaio_direct,sync_buffered``). The ``direct`` ones bypass the page cache."""
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -46,6 +51,16 @@ def parse_byte_size(name: str, value: Any, *, unit: bool = True) -> int:
     return int(match.group(1)) * _UNITS[match.group(2).lower()]
 
 
+def _strategies(value: Any) -> str:
+    names = [part.strip() for part in value.split(",")] if isinstance(value, str) else []
+    if not names or any(name not in FS_STRATEGIES for name in names):
+        raise UnsupportedError(
+            f"format option 'fs_strategy' must be one or more of {', '.join(FS_STRATEGIES)} "
+            f"(comma-separated), found {value!r}"
+        )
+    return ",".join(names)
+
+
 @attrs.frozen
 class StreamerSettings:
     """What to tell the streamer; ``None`` keeps its default (or the environment's setting)."""
@@ -56,6 +71,8 @@ class StreamerSettings:
     """Bytes of CPU buffer the streamer may hold: ``-1`` unlimited, ``0`` one tensor at a time."""
     chunk_bytesize: int | None = None
     """Bytes each read request asks for."""
+    fs_strategy: str | None = None
+    """Local files: the read strategies to try, comma-separated (:data:`FS_STRATEGIES`)."""
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> StreamerSettings:
@@ -66,8 +83,11 @@ class StreamerSettings:
                 f"unknown format option(s) {', '.join(map(repr, unknown))} for the Run:ai streamer; "
                 f"known: {', '.join(ENV_NAMES)}"
             )
-        values: dict[str, int] = {}
+        values: dict[str, Any] = {}
         for name, raw in options.items():
+            if name == "fs_strategy":
+                values[name] = _strategies(raw)
+                continue
             value = parse_byte_size(name, raw, unit=name != "concurrency")
             if name == "concurrency" and not 1 <= value <= 1024:
                 raise UnsupportedError(f"format option 'concurrency' must be between 1 and 1024, found {value}")
