@@ -10,8 +10,10 @@ from __future__ import annotations
 __all__ = [
     "CheckpointFormatError",
     "ConfigError",
+    "FusedLayerSkipError",
     "LoadError",
     "MissingWeightsError",
+    "PackedSplitError",
     "PluginError",
     "ShapeMismatchError",
     "SourceNotFoundError",
@@ -59,3 +61,11 @@ class UnexpectedWeightError(LoadError):
 
 class ShapeMismatchError(LoadError):
     """A checkpoint tensor does not have the shape its parameter expects."""
+
+
+class PackedSplitError(UnsupportedError):
+    """A part or rank's share of a packed parameter does not start and end on a whole packed element."""
+
+
+class FusedLayerSkipError(UnsupportedError):
+    """A quantization config keeps some parts of a fused layer unquantized but not the others."""

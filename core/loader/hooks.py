@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from .checkpoint import Source, TokenizerBundle, WeightFormat
     from .hookspecs import RegisterArchitecture
-    from .layers.quantization import QuantizationConfig, QuantizeMethodBase
+    from .layers.quantization import QuantizationConfig
     from .options import LoadOptions
     from .plugins import PluginHost
     from .weights import ReadStats, WeightStream
@@ -38,7 +38,6 @@ __all__ = [
     "Answer",
     "detect_format",
     "detect_quantization",
-    "get_quant_method",
     "iter_weights",
     "load_tokenizer",
     "process_weights_after_loading",
@@ -182,15 +181,6 @@ def detect_quantization(
             "which no installed plugin provides"
         )
     return None
-
-
-def get_quant_method(
-    quant_config: QuantizationConfig, layer: nn.Module, prefix: str, host: PluginHost | None = None
-) -> QuantizeMethodBase | None:
-    """The layer's quantize method, or ``None`` to keep it unquantized."""
-    found = _first(_host(host).pm.hook.loader_get_quant_method, quant_config=quant_config,
-                   layer=layer, prefix=prefix)
-    return None if found is None else found.value  # type: ignore[no-any-return]
 
 
 def process_weights_after_loading(

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from .checkpoint import Source, TokenizerBundle, WeightFormat
-    from .layers.quantization import QuantizationConfig, QuantizeMethodBase
+    from .layers.quantization import QuantizationConfig
     from .options import LoadOptions
     from .weights import ReadStats, WeightStream
 
@@ -158,24 +158,9 @@ def loader_detect_quantization(
     :param hf_config: the model configuration.
     :param requested: the ``quantization`` argument of ``load_model``, or ``None``.
     :param options: the load options (``options.extra`` carries method options).
-    :returns: the plugin's quantization config, or ``None``.
-    """
-
-
-@hookspec(firstresult=True)
-def loader_get_quant_method(
-    quant_config: QuantizationConfig, layer: nn.Module, prefix: str
-) -> QuantizeMethodBase | None:
-    """Choose how one layer is quantized: which parameters it creates and how they load.
-
-    Stops at the first non-``None`` result. Called by every quantizable layer
-    while the model is built (on the ``meta`` device). Return ``None`` for
-    configs of other plugins; the layer then stays unquantized.
-
-    :param quant_config: the config from :func:`loader_detect_quantization`.
-    :param layer: the layer being built (a ``LinearBase`` subclass).
-    :param prefix: the layer's dotted name in the model, e.g. ``model.layers.0.mlp.down_proj``.
-    :returns: the layer's quantize method, or ``None``.
+    :returns: the plugin's quantization config, or ``None``. Each quantizable
+        layer asks it for its method (``QuantizationConfig.get_quant_method(layer,
+        prefix)``); the pipeline gives it the model's fused-module table first.
     """
 
 

@@ -41,9 +41,10 @@ class SupportsQuantization:
     """The model's linear layers route through quantize methods.
 
     ``packed_modules_mapping`` says which checkpoint modules each fused layer
-    holds (``{"qkv_proj": ["q_proj", "k_proj", "v_proj"]}``), so quantization
-    plugins can match skip-lists and per-module configs written against the
-    checkpoint's names.
+    holds (``{"qkv_proj": ["q_proj", "k_proj", "v_proj"]}``). Declare it once:
+    the pipeline hands it to the quantization config before building the model
+    (``QuantizationConfig.set_packed_modules``), so skip lists and per-module
+    configs written against the checkpoint's names reach the fused layers.
     """
 
     supports_quantization: ClassVar[bool] = True

@@ -7,6 +7,7 @@ import torch
 
 from loader.errors import ShapeMismatchError
 from loader.layers import RMSNorm
+from loader.layers.param_layout import weight_loader_of
 from loader.weights import EagerTensor
 
 modeling_llama = pytest.importorskip("transformers.models.llama.modeling_llama")
@@ -18,7 +19,7 @@ def test_matches_llama_rmsnorm(dtype):
     weight = torch.randn(16, generator=gen).to(dtype)
     x = (torch.randn(2, 5, 16, generator=gen) * 3).to(dtype)
     ours = RMSNorm(16, eps=1e-5, params_dtype=dtype)
-    ours.weight.weight_loader(ours.weight, EagerTensor(weight))
+    weight_loader_of(ours.weight)(ours.weight, EagerTensor(weight))
     ref = modeling_llama.LlamaRMSNorm(16, eps=1e-5).to(dtype)
     ref.weight.data.copy_(weight)
     out = ours(x)
@@ -39,4 +40,4 @@ def test_weight_loader_checks_shape():
     bad = EagerTensor(torch.ones(9), "model.norm.weight", "m.safetensors")
     with pytest.raises(ShapeMismatchError,
                        match=r"'model.norm.weight' in m.safetensors: expected shape \(8,\), found \(9,\)"):
-        norm.weight.weight_loader(norm.weight, bad)
+        weight_loader_of(norm.weight)(norm.weight, bad)

@@ -8,7 +8,6 @@ import torch.nn.functional as F
 
 from loader import distributed
 from loader.errors import ShapeMismatchError, UnsupportedError
-from loader.hookspecs import hookimpl
 from loader.layers import (
     ColumnParallelLinear,
     LinearMethodBase,
@@ -19,13 +18,13 @@ from loader.layers import (
     UnquantizedLinearMethod,
 )
 from loader.layers.linear import OutputPart
-from loader.plugins import create_plugin_host, use_plugin_host
+from loader.layers.param_layout import ParamLayout, layout_of, set_param_layout, weight_loader_of
 from loader.weights import EagerTensor
 from tests.helpers.recording_tensor import RecordingTensor
 
 
 def _load(param, tensor, shard_id=None, name="w"):
-    param.weight_loader(param, EagerTensor(tensor, name, "model.safetensors"), shard_id)
+    weight_loader_of(param)(param, EagerTensor(tensor, name, "model.safetensors"), shard_id)
 
 
 def _build(cls, rank, size, *args, **kwargs):
@@ -52,7 +51,8 @@ def test_column_tp1_matches_f_linear(gen):
 def test_params_dtype_is_honoured():
     layer = RowParallelLinear(8, 4, bias=True, params_dtype=torch.bfloat16)
     assert layer.weight.dtype == torch.bfloat16 and layer.bias.dtype == torch.bfloat16
-    assert layer.bias.output_dim == 0 and callable(layer.bias.weight_loader)
+    assert layout_of(layer.bias) == ParamLayout(weight_loader=layer.weight_loader, output_dim=0)
+    assert layout_of(layer.weight).input_dim == 1 and weight_loader_of(layer.weight) == layer.weight_loader
 
 
 def test_no_bias_registers_none():
@@ -176,7 +176,7 @@ def test_shard_slice_arithmetic_qkv(size, rank, sid, expected):
     layer = _build(QKVParallelLinear, rank, size, 6, 2, 4, 2)
     rows = {"q": 8, "k": 4, "v": 4}[sid]
     loaded = RecordingTensor(torch.zeros(rows, 6))
-    narrowed, offset, length = layer.shard_slice(layer.weight, loaded, sid)
+    narrowed, offset, length = layer.shard_slice(layout_of(layer.weight), layer.weight.shape, loaded, sid)
     assert (narrowed.window[0][0], narrowed.shape[0], offset, length) == expected
     assert narrowed.shape[1] == 6
 
@@ -190,7 +190,7 @@ def test_shard_slice_arithmetic_qkv(size, rank, sid, expected):
 def test_shard_slice_arithmetic_merged(size, rank, sid, expected):
     layer = _build(MergedColumnParallelLinear, rank, size, 5, [12, 4])
     loaded = RecordingTensor(torch.zeros([12, 4][sid], 5))
-    narrowed, offset, length = layer.shard_slice(layer.weight, loaded, sid)
+    narrowed, offset, length = layer.shard_slice(layout_of(layer.weight), layer.weight.shape, loaded, sid)
     assert (narrowed.window[0][0], narrowed.shape[0], offset, length) == expected
 
 
@@ -208,9 +208,9 @@ def test_public_part_description():
 def test_shard_slice_packed_output_dim():
     """A packed quantized parameter (4 logical rows per stored row along output_dim)."""
     layer = _build(MergedColumnParallelLinear, 1, 2, 8, [16, 32])
-    packed = torch.nn.Parameter(torch.empty(12, 8), requires_grad=False)  # (16 + 32) / 2 / 4 rows
-    packed.output_dim, packed.input_dim, packed.packed_dim, packed.pack_factor = 0, 1, 0, 4
-    narrowed, offset, length = layer.shard_slice(packed, RecordingTensor(torch.zeros(8, 8)), 1)
+    layout = ParamLayout(output_dim=0, input_dim=1, packed_dim=0, pack_factor=4)
+    # (16 + 32) / 2 / 4 = 6 stored rows per rank
+    narrowed, offset, length = layer.shard_slice(layout, (6, 8), RecordingTensor(torch.zeros(8, 8)), 1)
     assert (narrowed.window[0], offset, length) == ((4, 4), 2, 4)
 
 
@@ -218,9 +218,10 @@ def test_shard_slice_packed_input_dim_row_parallel():
     layer = _build(RowParallelLinear, 1, 2, 64, 4)
     # checkpoint layout (in / 8, out) = (8, 4): rank 1 owns packed input rows 4..7
     qweight = torch.nn.Parameter(torch.empty(4, 4), requires_grad=False)
-    qweight.output_dim, qweight.input_dim, qweight.packed_dim, qweight.pack_factor = 1, 0, 0, 8
+    set_param_layout(qweight, ParamLayout(weight_loader=layer.weight_loader, output_dim=1, input_dim=0,
+                                          packed_dim=0, pack_factor=8))
     loaded = RecordingTensor(torch.arange(32.0).view(8, 4))
-    narrowed, offset, length = layer.shard_slice(qweight, loaded, None)
+    narrowed, offset, length = layer.shard_slice(layout_of(qweight), qweight.shape, loaded, None)
     assert narrowed.window == ((4, 4), (0, 4)) and (offset, length) == (0, 4)
     layer.weight_loader(qweight, loaded)
     torch.testing.assert_close(qweight.data, torch.arange(16.0, 32.0).view(4, 4))
@@ -231,7 +232,7 @@ def test_param_without_output_dim_is_copied_whole():
     scale = torch.nn.Parameter(torch.empty(()), requires_grad=False)
     layer.weight_loader(scale, EagerTensor(torch.tensor(0.5)), "k")
     assert scale.item() == 0.5
-    narrowed, offset, size = layer.shard_slice(scale, EagerTensor(torch.tensor(0.5)), "q")
+    narrowed, offset, size = layer.shard_slice(layout_of(scale), scale.shape, EagerTensor(torch.tensor(0.5)), "q")
     assert (narrowed.shape, offset, size) == ((), 0, 1)
 
 
@@ -311,10 +312,19 @@ def test_bad_shard_ids_are_programming_errors():
 
 
 class _HalfConfig(QuantizationConfig):
+    """Quantizes every linear it is asked about with a fresh recording method, except ``lm_head``."""
+
     name = "half-test"
 
-    def skip(self, prefix: str) -> bool:
+    def __init__(self) -> None:
+        self.prefixes: list[str] = []
+
+    def ignores(self, prefix: str) -> bool:
         return prefix.endswith("lm_head")
+
+    def get_quant_method(self, layer, prefix):
+        self.prefixes.append(prefix)
+        return _RecordingMethod()
 
 
 class _RecordingMethod(LinearMethodBase):
@@ -328,34 +338,19 @@ class _RecordingMethod(LinearMethodBase):
         self.calls.append((input_size_per_partition, list(output_partition_sizes), input_size, output_size))
         w = torch.nn.Parameter(torch.empty(input_size_per_partition, sum(output_partition_sizes)),
                                requires_grad=False)
-        w.output_dim, w.input_dim, w.weight_loader = 1, 0, weight_loader
+        set_param_layout(w, ParamLayout(weight_loader=weight_loader, output_dim=1, input_dim=0))
         layer.register_parameter("weight_t", w)
 
     def apply(self, layer, x, bias=None):
         return F.linear(x, layer.weight_t.t(), bias)
 
 
-class _QuantPlugin:
-    def __init__(self) -> None:
-        self.prefixes: list[str] = []
-
-    @hookimpl
-    def loader_get_quant_method(self, quant_config, layer, prefix):
-        if isinstance(quant_config, _HalfConfig):
-            self.prefixes.append(prefix)
-            return _RecordingMethod()
-        return None
-
-
-def test_quant_method_comes_from_the_hook_and_does_the_math(gen):
-    host = create_plugin_host(load_entry_points=False)
-    plugin = _QuantPlugin()
-    host.register(plugin, "quant-test")
-    with use_plugin_host(host):
-        layer = _build(MergedColumnParallelLinear, 1, 2, 4, [4, 6], bias=True, quant_config=_HalfConfig(),
-                       prefix="mlp.gate_up_proj")
-        skipped = ColumnParallelLinear(4, 4, quant_config=_HalfConfig(), prefix="lm_head")
-    assert plugin.prefixes == ["mlp.gate_up_proj"]
+def test_quant_method_comes_from_the_config_and_does_the_math(gen):
+    config = _HalfConfig()
+    layer = _build(MergedColumnParallelLinear, 1, 2, 4, [4, 6], bias=True, quant_config=config,
+                   prefix="mlp.gate_up_proj")
+    skipped = ColumnParallelLinear(4, 4, quant_config=config, prefix="lm_head")
+    assert config.prefixes == ["mlp.gate_up_proj"], "a skipped layer never asks for a method"
     assert isinstance(skipped.quant_method, UnquantizedLinearMethod)
     assert layer.quant_method.calls == [(4, [2, 3], 4, 10)]
     gate, up = torch.randn(4, 4, generator=gen), torch.randn(6, 4, generator=gen)

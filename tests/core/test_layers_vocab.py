@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from loader import distributed
 from loader.errors import ShapeMismatchError
 from loader.layers import ParallelLMHead, VocabParallelEmbedding
+from loader.layers.param_layout import weight_loader_of
 from loader.weights import EagerTensor
 from tests.helpers.recording_tensor import RecordingTensor
 
@@ -47,7 +48,7 @@ def test_loader_reads_only_own_rows_and_zeroes_padding(size):
         layer = _build(VocabParallelEmbedding, rank, size, VOCAB, DIM)
         layer.weight.data.fill_(float("nan"))  # what a materialized, unloaded parameter may hold
         loaded = RecordingTensor(table, "model.embed_tokens.weight")
-        layer.weight.weight_loader(layer.weight, loaded)
+        weight_loader_of(layer.weight)(layer.weight, loaded)
         rows = layer.real_rows
         assert loaded.log == ([((layer.vocab_start, rows), (0, DIM))] if rows else [])
         start = layer.vocab_start
@@ -62,7 +63,7 @@ def test_masked_lookups_sum_to_the_full_embedding(size):
     total = torch.zeros(2, 5, DIM)
     for rank in range(size):
         layer = _build(VocabParallelEmbedding, rank, size, VOCAB, DIM)
-        layer.weight.weight_loader(layer.weight, EagerTensor(table))
+        weight_loader_of(layer.weight)(layer.weight, EagerTensor(table))
         part = layer(ids)  # no process group: the all-reduce is a no-op, so this is the rank's part
         own = (ids >= layer.vocab_start) & (ids < layer.vocab_end)
         assert torch.count_nonzero(part[~own]) == 0
@@ -73,7 +74,7 @@ def test_masked_lookups_sum_to_the_full_embedding(size):
 def test_lm_head_logits_are_float_full_vocab():
     table = _table().to(torch.bfloat16)
     head = ParallelLMHead(VOCAB, DIM, params_dtype=torch.bfloat16)
-    head.weight.weight_loader(head.weight, EagerTensor(table))
+    weight_loader_of(head.weight)(head.weight, EagerTensor(table))
     hidden = torch.randn(2, 3, DIM).to(torch.bfloat16)
     logits = head(hidden)
     assert logits.shape == (2, 3, VOCAB) and logits.dtype == torch.float32
@@ -83,7 +84,7 @@ def test_lm_head_logits_are_float_full_vocab():
 def test_lm_head_bias_is_split_and_padded():
     bias = torch.arange(float(VOCAB))
     head = _build(ParallelLMHead, 1, 2, VOCAB, DIM, bias=True)
-    head.bias.weight_loader(head.bias, EagerTensor(bias))
+    weight_loader_of(head.bias)(head.bias, EagerTensor(bias))
     torch.testing.assert_close(head.bias.data[:36], bias[64:])
     assert torch.count_nonzero(head.bias.data[36:]) == 0
 
@@ -95,7 +96,7 @@ def test_lm_head_shards_concatenate_to_full_logits(size):
     pieces = []
     for rank in range(size):
         head = _build(ParallelLMHead, rank, size, VOCAB, DIM)
-        head.weight.weight_loader(head.weight, EagerTensor(table))
+        weight_loader_of(head.weight)(head.weight, EagerTensor(table))
         pieces.append(F.linear(hidden, head.weight))
     torch.testing.assert_close(torch.cat(pieces, -1)[:, :VOCAB], F.linear(hidden, table))
 
@@ -104,7 +105,7 @@ def test_tie_weights_shares_the_parameter():
     embed = VocabParallelEmbedding(VOCAB, DIM)
     head = ParallelLMHead(VOCAB, DIM).tie_weights(embed)
     assert head.weight is embed.weight
-    embed.weight.weight_loader(embed.weight, EagerTensor(_table()))
+    weight_loader_of(embed.weight)(embed.weight, EagerTensor(_table()))
     torch.testing.assert_close(head(torch.eye(DIM))[:, :VOCAB], _table().t())
     names = [n for n, _ in torch.nn.ModuleDict({"e": embed, "h": head}).named_parameters()]
     assert names == ["e.weight"]  # deduplicated, so the pipeline sees one parameter to fill
@@ -122,4 +123,4 @@ def test_vocab_shape_mismatch_names_the_tensor():
     with pytest.raises(ShapeMismatchError, match=r"'model.embed_tokens.weight' in model.safetensors: "
                                                  r"expected shape \(100, 8\) for model.embed_tokens, "
                                                  r"found \(101, 8\)"):
-        layer.weight.weight_loader(layer.weight, bad)
+        weight_loader_of(layer.weight)(layer.weight, bad)

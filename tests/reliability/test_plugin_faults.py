@@ -109,22 +109,20 @@ def test_format_plugin_failing_mid_stream_is_named(checkpoint: Path) -> None:
 class _OwnQuantization(QuantizationConfig):
     name = "faulty-quant"
 
+    def get_quant_method(self, layer: Any, prefix: str) -> None:
+        raise KeyError(prefix)
+
 
 class _QuantMethodFails:
     @loader.hookimpl
     def loader_detect_quantization(self, requested: str | None) -> QuantizationConfig | None:
         return _OwnQuantization() if requested == "faulty-quant" else None
 
-    @loader.hookimpl
-    def loader_get_quant_method(self, quant_config: QuantizationConfig, prefix: str) -> None:
-        if isinstance(quant_config, _OwnQuantization):
-            raise KeyError(prefix)
 
-
-def test_quantization_plugin_failing_in_get_quant_method_is_named(checkpoint: Path) -> None:
+def test_quantization_config_failing_in_get_quant_method_is_named(checkpoint: Path) -> None:
     host = create_plugin_host()
     host.register(_QuantMethodFails(), "faulty-quant")
-    with pytest.raises(PluginError, match=r"^plugin 'faulty-quant' failed in loader_get_quant_method: "
+    with pytest.raises(PluginError, match=r"^quantization 'faulty-quant' failed in get_quant_method: "
                                           r"KeyError: 'model\.layers\.0\.self_attn\.qkv_proj'$"):
         loader.load_model(str(checkpoint), dtype="float32", quantization="faulty-quant", host=host)
 

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         QKVParallelLinear,
         RowParallelLinear,
     )
+    from .param_layout import ParamLayout, layout_of, param_shape, set_param_layout, weight_loader_of
     from .quantization import (
         LinearMethodBase,
         QuantizationConfig,
@@ -40,6 +41,7 @@ __all__ = [
     "LinearMethodBase",
     "MergedColumnParallelLinear",
     "ParallelLMHead",
+    "ParamLayout",
     "QKVParallelLinear",
     "QuantizationConfig",
     "QuantizeMethodBase",
@@ -52,6 +54,10 @@ __all__ = [
     "WeightLoader",
     "default_weight_loader",
     "get_rope",
+    "layout_of",
+    "param_shape",
+    "set_param_layout",
+    "weight_loader_of",
 ]
 
 _HOME = {
@@ -65,6 +71,11 @@ _HOME = {
     "MergedColumnParallelLinear": "linear",
     "QKVParallelLinear": "linear",
     "RowParallelLinear": "linear",
+    "ParamLayout": "param_layout",
+    "layout_of": "param_layout",
+    "param_shape": "param_layout",
+    "set_param_layout": "param_layout",
+    "weight_loader_of": "param_layout",
     "LinearMethodBase": "quantization",
     "QuantizationConfig": "quantization",
     "QuantizeMethodBase": "quantization",

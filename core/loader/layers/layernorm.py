@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from .default_loader import default_weight_loader
+from .param_layout import ParamLayout, set_param_layout
 
 __all__ = ["RMSNorm"]
 
@@ -28,7 +29,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
         dtype = params_dtype if params_dtype is not None else torch.get_default_dtype()
         weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
-        weight.weight_loader = default_weight_loader  # type: ignore[attr-defined]
+        set_param_layout(weight, ParamLayout(weight_loader=default_weight_loader))
         self.weight = weight
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:

@@ -3,9 +3,10 @@
 A layer decides *which rows or columns* of a checkpoint tensor belong to this
 rank and *where* they land in its (possibly fused) parameter; the quantize
 method decides *what* the parameters are and how the math runs. The split
-lives in one place, :meth:`LinearBase.shard_slice`, which both the layers'
-own ``weight_loader`` and quantization plugins use, so the TP arithmetic is
-never duplicated.
+lives in one place, :class:`~loader.layers.shard_loading.ShardedWeightLoading`
+(``shard_slice`` and the layers' ``weight_loader``), which quantization
+plugins reuse, so the TP arithmetic is never duplicated. This module holds
+the layers themselves: their per-rank sizes, parts and forward math.
 
 Rank and size are read from :mod:`loader.distributed` when a layer is built;
 wrap construction in :func:`loader.distributed.simulated_tp` to build another
@@ -19,19 +20,17 @@ packed or grouped parameters (scales per group) narrow correctly too.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
-import attrs
 import torch
 from torch import nn
 
 from .. import distributed
-from ..mapped_parameters import fill_parameter
-from .default_loader import check_shape
-from .quantization import LinearMethodBase, UnquantizedLinearMethod
+from .param_layout import ParamLayout, set_param_layout
+from .quantization import LinearMethodBase, linear_method_for
+from .shard_loading import OutputPart, ShardedWeightLoading, ShardId
 
 if TYPE_CHECKING:
-    from ..weights import CheckpointTensor
     from .quantization import QuantizationConfig
 
 __all__ = [
@@ -44,44 +43,8 @@ __all__ = [
     "ShardId",
 ]
 
-ShardId = int | str | None
-"""A part of a fused layer: ``"q"``/``"k"``/``"v"``, ``0``/``1`` (gate/up), or ``None`` for the whole."""
 
-
-def _choose_quant_method(
-    quant_config: QuantizationConfig | None, layer: nn.Module, prefix: str
-) -> LinearMethodBase:
-    if quant_config is None or quant_config.skip(prefix):
-        return UnquantizedLinearMethod()
-    from .. import hooks
-
-    method = hooks.get_quant_method(quant_config, layer, prefix)
-    return UnquantizedLinearMethod() if method is None else cast(LinearMethodBase, method)
-
-
-def _pack_factor(param: torch.Tensor, dim: int) -> int:
-    """How many logical values one stored element holds along ``dim`` (1 unless packed there)."""
-    if getattr(param, "packed_dim", None) == dim:
-        return int(getattr(param, "pack_factor", 1))
-    return 1
-
-
-@attrs.frozen
-class OutputPart:
-    """Where one part of a layer's output lives, in logical output features.
-
-    ``start``/``length``: the rows of the part's checkpoint tensor this rank
-    reads; ``offset``: where they land in the rank's (fused) parameter;
-    ``full``: the rows the whole checkpoint tensor of the part has.
-    """
-
-    start: int
-    length: int
-    offset: int
-    full: int
-
-
-class LinearBase(nn.Module):
+class LinearBase(ShardedWeightLoading, nn.Module):
     """Common construction, quantize-method choice and weight loading of the parallel linears.
 
     Subclasses compute their per-rank sizes, call :meth:`_create_weights`,
@@ -89,7 +52,6 @@ class LinearBase(nn.Module):
     :attr:`_splits_input`.
     """
 
-    _splits_input = False
     quant_method: LinearMethodBase
     bias: nn.Parameter | None
 
@@ -120,7 +82,7 @@ class LinearBase(nn.Module):
         """Ask the quantize method for the weights; create the bias (``bias_size`` rows) if any."""
         self.input_size_per_partition = input_size_per_partition
         self.output_partition_sizes = list(output_partition_sizes)
-        self.quant_method = _choose_quant_method(self.quant_config, self, self.prefix)
+        self.quant_method = linear_method_for(self.quant_config, self, self.prefix)
         self.quant_method.create_weights(
             self,
             input_size_per_partition,
@@ -134,96 +96,8 @@ class LinearBase(nn.Module):
             self.register_parameter("bias", None)
             return
         bias = nn.Parameter(torch.empty(bias_size, dtype=self.params_dtype), requires_grad=False)
-        bias.output_dim = 0  # type: ignore[attr-defined]
-        bias.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+        set_param_layout(bias, ParamLayout(weight_loader=self.weight_loader, output_dim=0))
         self.register_parameter("bias", bias)
-
-    # -- the TP arithmetic -------------------------------------------------------------------------
-
-    def shard_ids(self) -> list[ShardId]:
-        """The parts of this layer in the order they are stacked (``[None]`` when not fused)."""
-        return self._shard_ids()
-
-    def output_part(self, shard_id: ShardId = None) -> OutputPart:
-        """Where this rank's rows of part ``shard_id`` come from and land, in logical features.
-
-        Raises ``ValueError`` for a shard id the layer does not have.
-        """
-        return self._output_part(shard_id)
-
-    def _output_part(self, shard_id: ShardId) -> OutputPart:
-        raise NotImplementedError
-
-    def _shard_ids(self) -> list[ShardId]:
-        return [None]
-
-    def shard_slice(
-        self, param: torch.Tensor, loaded: CheckpointTensor, shard_id: ShardId = None
-    ) -> tuple[CheckpointTensor, int, int]:
-        """This rank's piece of ``loaded`` and where it lands in ``param``.
-
-        Returns ``(narrowed, offset, size)``: ``narrowed`` is ``loaded``
-        narrowed (nothing read) to the rows of part ``shard_id`` this rank owns
-        (and, for a row-parallel layer, to its input columns); ``offset`` and
-        ``size`` are the destination rows along ``param.output_dim``. For a
-        parameter without ``output_dim`` (a per-tensor scale) ``loaded`` comes
-        back whole with ``(0, len)`` covering the parameter.
-        Raises :class:`~loader.errors.ShapeMismatchError` when ``loaded`` does
-        not have the full (unsharded) shape the part needs.
-        """
-        output_dim: int | None = getattr(param, "output_dim", None)
-        input_dim: int | None = getattr(param, "input_dim", None)
-        if not self._splits_input:
-            input_dim = None
-        expected = list(param.shape)
-        offset, size = 0, (int(param.shape[0]) if param.ndim else 1)
-        start = length = 0
-        if output_dim is not None:
-            part = self._output_part(shard_id)
-            pack = _pack_factor(param, output_dim)
-            start, length, offset = part.start // pack, part.length // pack, part.offset // pack
-            size = length
-            expected[output_dim] = part.full // pack
-        per_rank = 0
-        if input_dim is not None:
-            per_rank = int(param.shape[input_dim])
-            expected[input_dim] = per_rank * self.tp_size
-        what = self.prefix or type(self).__name__
-        check_shape(loaded, expected, what if shard_id is None else f"{what} shard {shard_id!r}")
-        narrowed = loaded
-        if output_dim is not None:
-            narrowed = narrowed.narrow(output_dim, start, length)
-        if input_dim is not None:
-            narrowed = narrowed.narrow(input_dim, self.tp_rank * per_rank, per_rank)
-        return narrowed, offset, size
-
-    def weight_loader(self, param: torch.Tensor, loaded: CheckpointTensor, shard_id: ShardId = None) -> None:
-        """Read this rank's shard of ``loaded`` into ``param`` (part ``shard_id`` of a fused layer).
-
-        A fused layer given ``shard_id=None`` takes a checkpoint tensor that is
-        already fused (q, k and v stacked) and loads each part in turn.
-        """
-        output_dim = getattr(param, "output_dim", None)
-        if shard_id is None and output_dim is not None and self._shard_ids() != [None]:
-            self._load_fused(param, loaded, output_dim)
-            return
-        narrowed, offset, size = self.shard_slice(param, loaded, shard_id)
-        destination = param.data if output_dim is None else param.data.narrow(output_dim, offset, size)
-        check_shape(narrowed, destination.shape, self.prefix or type(self).__name__)
-        fill_parameter(param, narrowed, output_dim, offset)
-
-    def _load_fused(self, param: torch.Tensor, loaded: CheckpointTensor, output_dim: int) -> None:
-        pack = _pack_factor(param, output_dim)
-        fulls = [self._output_part(sid).full // pack for sid in self._shard_ids()]
-        expected = list(param.shape)
-        expected[output_dim] = sum(fulls)
-        if self._splits_input and getattr(param, "input_dim", None) is not None:
-            expected[param.input_dim] *= self.tp_size  # type: ignore[attr-defined]
-        check_shape(loaded, expected, f"{self.prefix or type(self).__name__} (fused)")
-        start = 0
-        for sid, full in zip(self._shard_ids(), fulls, strict=True):
-            self.weight_loader(param, loaded.narrow(output_dim, start, full), sid)
-            start += full
 
     def extra_repr(self) -> str:
         return (

@@ -1,17 +1,31 @@
 """The seam between layers and quantization plugins.
 
-A quantizable layer never creates its own parameters: it asks its quantize
-method to (``create_weights``), routes its forward through ``apply``, and the
-pipeline calls ``process_weights_after_loading`` once every tensor is in.
-Quantization plugins subclass :class:`QuantizationConfig` and
-:class:`LinearMethodBase`; model plugins never see the difference.
+A quantization plugin returns a :class:`QuantizationConfig` subclass from
+``loader_detect_quantization``; each quantizable layer then asks that config
+for its method (``get_quant_method(layer, prefix)``, vLLM's shape) — the
+layers never reach back into the hook machinery. A layer never creates its
+own parameters: it asks its quantize method to (``create_weights``), routes
+its forward through ``apply``, and the pipeline calls
+``process_weights_after_loading`` once every tensor is in. Model plugins never
+see the difference.
+
+Skip lists are written against checkpoint names (``q_proj``) while the model
+holds fused layers (``qkv_proj``). The pipeline hands the model's fused-module
+table to the config (:meth:`QuantizationConfig.set_packed_modules`) before any
+layer is built, and :meth:`QuantizationConfig.skip` maps between the two once
+for every plugin: a plugin only says which names its own list covers
+(:meth:`QuantizationConfig.ignores`).
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+import types
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..errors import FusedLayerSkipError, LoadError, PluginError
+from .param_layout import ParamLayout, WeightLoader, set_param_layout
 
 if TYPE_CHECKING:
     import torch
@@ -25,14 +39,19 @@ __all__ = [
     "QuantizeMethodBase",
     "UnquantizedLinearMethod",
     "WeightLoader",
+    "linear_method_for",
 ]
 
-WeightLoader = Callable[..., None]
-"""``weight_loader(param, checkpoint_tensor, shard_id=None)`` as carried by parameters."""
+_PACKED_MODULES = "_loader_packed_modules"
 
 
 class QuantizationConfig:
-    """A checkpoint's (or a request's) quantization settings, owned by one plugin (subclass it)."""
+    """A checkpoint's (or a request's) quantization settings, owned by one plugin (subclass it).
+
+    Subclasses implement :meth:`get_quant_method` and, when they have a skip
+    list, :meth:`ignores`. They may be ``attrs.frozen``: the fused-module table
+    is stored beside their fields, not as one.
+    """
 
     #: the method name users pass as ``quantization=``; also shown by ``loader inspect``.
     name: ClassVar[str] = ""
@@ -41,9 +60,69 @@ class QuantizationConfig:
         """A JSON-friendly summary for ``loader inspect`` and load reports."""
         return {"method": self.name}
 
-    def skip(self, prefix: str) -> bool:
-        """Whether the layer at ``prefix`` stays unquantized (default: never)."""
+    def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
+        """The quantize method of the layer at ``prefix``, or ``None`` to leave it unquantized.
+
+        Called while the model is built (on the ``meta`` device) for every
+        quantizable layer that :meth:`skip` does not keep unquantized; return
+        ``None`` for layer kinds this config does not handle.
+
+        :param layer: the layer being built (a ``LinearBase`` subclass for linears).
+        :param prefix: the layer's dotted name in the model, e.g. ``model.layers.0.mlp.down_proj``.
+        """
+        return None
+
+    # -- the model's fused modules and the skip decision ---------------------------------------------
+
+    def set_packed_modules(self, mapping: Mapping[str, Sequence[str]]) -> None:
+        """Record the model's fused-module table (``{"qkv_proj": ["q_proj", "k_proj", "v_proj"]}``).
+
+        The pipeline calls this with the model class's ``packed_modules_mapping``
+        before the model is built, as vLLM does, so :meth:`skip` can answer for
+        fused layers from a list written in checkpoint names.
+        """
+        table = types.MappingProxyType({str(fused): tuple(parts) for fused, parts in mapping.items()})
+        object.__setattr__(self, _PACKED_MODULES, table)  # beside the fields, so frozen subclasses work
+
+    @property
+    def packed_modules(self) -> Mapping[str, tuple[str, ...]]:
+        """The fused-module table set by :meth:`set_packed_modules` (empty until then)."""
+        table: Mapping[str, tuple[str, ...]] = self.__dict__.get(_PACKED_MODULES, types.MappingProxyType({}))
+        return table
+
+    def ignores(self, prefix: str) -> bool:
+        """Whether this config's own skip list names the module ``prefix`` (default: nothing is skipped).
+
+        Plugins override this with their list (bitsandbytes' ``llm_int8_skip_modules``,
+        an ``ignore`` list); ``prefix`` is a dotted module name, either a layer of
+        the model or, for a fused layer, the checkpoint name of one of its parts.
+        """
         return False
+
+    def skip(self, prefix: str) -> bool:
+        """Whether the layer at ``prefix`` stays unquantized.
+
+        True when :meth:`ignores` names it; for a fused layer (its last name
+        component is in :attr:`packed_modules`) also when it names every part
+        by its checkpoint name (``...self_attn.q_proj`` for ``...self_attn.qkv_proj``).
+        Naming only some parts cannot be honoured, since the parts share one
+        weight, and raises :class:`~loader.errors.FusedLayerSkipError`.
+        """
+        if self.ignores(prefix):
+            return True
+        parent, _, leaf = prefix.rpartition(".")
+        parts = self.packed_modules.get(leaf)
+        if not parts:
+            return False
+        names = [f"{parent}.{part}" if parent else part for part in parts]
+        skipped = [name for name in names if self.ignores(name)]
+        if skipped and len(skipped) < len(names):
+            kept = [name for name in names if name not in skipped]
+            raise FusedLayerSkipError(
+                f"{self.name or type(self).__name__} keeps {skipped} unquantized but quantizes {kept}, and "
+                f"{prefix} fuses them into one weight; skip all of its parts or none"
+            )
+        return bool(skipped)
 
     def wrap_weights(self, weights: WeightStream) -> WeightStream:
         """Adapt the checkpoint stream before the model's ``load_weights`` sees it (default: unchanged).
@@ -93,8 +172,13 @@ class LinearMethodBase(QuantizeMethodBase):
         :param input_size: the full input features.
         :param output_size: the full output features.
         :param params_dtype: the dtype of unquantized parameters.
-        :param weight_loader: the layer's loader, to attach to each parameter
-            (or wrap) so checkpoint tensors land in the right shard.
+        :param weight_loader: the layer's loader, to put in each parameter's
+            :class:`~loader.layers.param_layout.ParamLayout` (or wrap) so
+            checkpoint tensors land in the right shard. A method whose
+            parameters are not plain copies of the checkpoint rows keeps this
+            loader (fused tensors are split, shapes checked and rows narrowed
+            to this rank by the layer) and sets the layout's ``load_part`` to
+            land each narrowed part itself.
         """
 
     @abc.abstractmethod
@@ -122,9 +206,7 @@ class UnquantizedLinearMethod(LinearMethodBase):
             torch.empty(sum(output_partition_sizes), input_size_per_partition, dtype=params_dtype),
             requires_grad=False,
         )
-        weight.output_dim = 0  # type: ignore[attr-defined]
-        weight.input_dim = 1  # type: ignore[attr-defined]
-        weight.weight_loader = weight_loader  # type: ignore[attr-defined]
+        set_param_layout(weight, ParamLayout(weight_loader=weight_loader, output_dim=0, input_dim=1))
         layer.register_parameter("weight", weight)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -134,3 +216,33 @@ class UnquantizedLinearMethod(LinearMethodBase):
         import torch.nn.functional as F
 
         return F.linear(x, cast(torch.Tensor, layer.weight), bias)
+
+
+def linear_method_for(
+    quant_config: QuantizationConfig | None, layer: nn.Module, prefix: str
+) -> LinearMethodBase:
+    """The config's method for this layer, unquantized when there is no config or it skips the layer.
+
+    A config's own bug (an exception that is not a :class:`~loader.errors.LoadError`,
+    or a method that is not a linear one) becomes a :class:`~loader.errors.PluginError`
+    naming the quantization, not the model being built.
+    """
+    if quant_config is None or quant_config.skip(prefix):
+        return UnquantizedLinearMethod()
+    method_name = quant_config.name or type(quant_config).__name__
+    try:
+        method = quant_config.get_quant_method(layer, prefix)
+    except LoadError:
+        raise
+    except Exception as exc:
+        raise PluginError(
+            f"quantization {method_name!r} failed in get_quant_method: {type(exc).__name__}: {exc}"
+        ) from exc
+    if method is None:
+        return UnquantizedLinearMethod()
+    if not isinstance(method, LinearMethodBase):
+        raise PluginError(
+            f"quantization {method_name!r} gave {type(method).__name__} for the linear layer {prefix!r}; "
+            "a linear layer needs a LinearMethodBase"
+        )
+    return method

@@ -18,6 +18,7 @@ from torch import nn
 from .. import distributed
 from ..mapped_parameters import fill_parameter
 from .default_loader import check_shape
+from .param_layout import ParamLayout, layout_of, set_param_layout
 
 if TYPE_CHECKING:
     from ..weights import CheckpointTensor
@@ -62,8 +63,7 @@ class VocabParallelEmbedding(nn.Module):
             torch.empty(self.num_embeddings_per_partition, embedding_dim, dtype=self.params_dtype),
             requires_grad=False,
         )
-        weight.output_dim = 0  # type: ignore[attr-defined]
-        weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+        set_param_layout(weight, ParamLayout(weight_loader=self.weight_loader, output_dim=0))
         self.weight = weight
 
     @property
@@ -75,7 +75,7 @@ class VocabParallelEmbedding(nn.Module):
         """Read this rank's vocabulary rows of ``loaded`` and zero the padding rows."""
         if shard_id is not None:
             raise ValueError(f"{type(self).__name__} {self.prefix!r} has no shard {shard_id!r}")
-        output_dim = getattr(param, "output_dim", None)
+        output_dim = layout_of(param).output_dim
         if output_dim is None:  # a per-tensor value some plugin attached
             check_shape(loaded, param.shape, self.prefix or type(self).__name__)
             fill_parameter(param, loaded)
@@ -132,8 +132,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         if bias:
             b = nn.Parameter(torch.empty(self.num_embeddings_per_partition, dtype=self.params_dtype),
                              requires_grad=False)
-            b.output_dim = 0  # type: ignore[attr-defined]
-            b.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+            set_param_layout(b, ParamLayout(weight_loader=self.weight_loader, output_dim=0))
             self.bias = b
         else:
             self.register_parameter("bias", None)

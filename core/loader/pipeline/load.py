@@ -191,6 +191,13 @@ def _build(prepared: PreparedCheckpoint, options: LoadOptions, dtype: torch.dtyp
 
     arch, cls = get_registry(host).resolve(prepared.architectures)
     quant_config = hooks.detect_quantization(prepared.hf_config, options.quantization, options, host)
+    if quant_config is not None:  # before any layer asks it, so its skip list sees fused names too
+        from ..registry.capabilities import ModelInfoError, inspect_model_class
+
+        try:
+            quant_config.set_packed_modules(inspect_model_class(arch, cls).packed_modules())
+        except ModelInfoError as exc:
+            raise PluginError(f"model class for {arch}: {exc}") from exc
     ctx = ModelContext(hf_config=prepared.hf_config, dtype=dtype, quant_config=quant_config,
                        tp_rank=options.tp_rank, tp_size=options.tp_size)
     try:

@@ -26,6 +26,7 @@ from loader.layers import (
     SiluAndMul,
     VocabParallelEmbedding,
 )
+from loader.layers.param_layout import weight_loader_of
 from loader.weights import EagerTensor
 from tests.helpers.recording_tensor import RecordingTensor
 from tests.helpers.torchrun_exit import exit_rank
@@ -35,7 +36,7 @@ TOLERANCE = 1e-5
 
 
 def load(param, tensor, shard_id=None):
-    param.weight_loader(param, EagerTensor(tensor, "w", "memory"), shard_id)
+    weight_loader_of(param)(param, EagerTensor(tensor, "w", "memory"), shard_id)
 
 
 def main() -> int:
@@ -56,7 +57,7 @@ def main() -> int:
     load(gate_up.weight, gate, 0)
     load(gate_up.weight, up, 1)
     recorded = RecordingTensor(down, "mlp.down_proj.weight")
-    down_proj.weight.weight_loader(down_proj.weight, recorded)
+    weight_loader_of(down_proj.weight)(down_proj.weight, recorded)
     load(down_proj.bias, down_bias)
     mlp = down_proj(SiluAndMul()(gate_up(x)))
     mlp_ref = F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down, down_bias)

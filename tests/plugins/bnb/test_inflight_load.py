@@ -27,12 +27,11 @@ def _quantized_layers(model):
             if isinstance(getattr(module, "quant_method", None), BitsAndBytesLinearMethod)}
 
 
-def _checkpoint_weight(reference, layer_name):
-    """The dense weight a layer holds at tp=1: its checkpoint parts stacked."""
+def _checkpoint_parts(reference, layer_name):
+    """The checkpoint weights a layer holds at tp=1, in the order it stacks them."""
     state = reference.state_dict()
     parent, _, leaf = layer_name.rpartition(".")
-    parts = FUSED.get(leaf, (leaf,))
-    return torch.cat([state[f"{parent}.{part}.weight"] for part in parts])
+    return [state[f"{parent}.{part}.weight"] for part in FUSED.get(leaf, (leaf,))]
 
 
 def _with_weights(reference, dequantized):
@@ -61,9 +60,10 @@ def test_every_weight_is_bitsandbytes_quantized_and_logits_follow(checkpoints, f
 
     dequantized = {}
     for name, layer in layers.items():
-        packed, state = F.quantize_4bit(_checkpoint_weight(reference, name), blocksize=64, quant_type=quant_type,
-                                        compress_statistics=double_quant)
-        expected = F.dequantize_4bit(packed, state)
+        # bitsandbytes quantizes (and double-quantizes) each checkpoint module on its own, as transformers does
+        expected = torch.cat([F.dequantize_4bit(*F.quantize_4bit(part, blocksize=64, quant_type=quant_type,
+                                                                 compress_statistics=double_quant))
+                              for part in _checkpoint_parts(reference, name)])
         ours = F.dequantize_4bit(layer.weight, layer.quant_method.bnb_quant_state(layer))
         assert torch.equal(ours, expected), name
         dequantized[name] = layer.quant_method.dequantized_weight(layer)

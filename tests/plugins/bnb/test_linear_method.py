@@ -9,6 +9,7 @@ import torch
 from loader.distributed import simulated_tp
 from loader.errors import CheckpointFormatError, MissingWeightsError, UnsupportedError
 from loader.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from loader.layers.param_layout import weight_loader_of
 from loader.plugins import create_plugin_host, use_plugin_host
 from loader.weights import EagerTensor
 from loader_plugin_bnb.config import BitsAndBytesConfig
@@ -55,20 +56,34 @@ def _reference(weight, config):
     return packed, state
 
 
+def _module_rows(parts, rank, tp, config):
+    """This rank's rows of each part as bitsandbytes gives them quantizing (and nesting) each module whole."""
+    rows = []
+    for sid in ("q", "k", "v"):
+        whole = F.dequantize_4bit(*_reference(parts[sid], config))
+        per = whole.shape[0] // tp
+        rows.append(whole[rank * per:(rank + 1) * per])
+    return torch.cat(rows)
+
+
 @pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
 @pytest.mark.parametrize("double_quant", [False, True])
 @pytest.mark.parametrize("tp", [1, 2])
-def test_in_flight_qkv_equals_quantizing_this_ranks_fused_slice(host, qkv_parts, quant_type, double_quant, tp):
+def test_in_flight_qkv_holds_this_ranks_rows_of_each_module_quantized_whole(host, qkv_parts, quant_type,
+                                                                             double_quant, tp):
     config = BitsAndBytesConfig(quant_type=quant_type, double_quant=double_quant)
     for rank in range(tp):
         layer = _qkv(host, config, rank, tp)
         for sid in ("v", "q", "k"):  # any order
-            layer.weight.weight_loader(layer.weight, EagerTensor(qkv_parts[sid], f"{sid}_proj.weight"), sid)
+            weight_loader_of(layer.weight)(layer.weight, EagerTensor(qkv_parts[sid], f"{sid}_proj.weight"), sid)
         layer.quant_method.process_weights_after_loading(layer)
-        packed, state = _reference(_rank_rows(qkv_parts, rank, tp), config)
+        # the 4-bit codes are those of this rank's fused slice (blocks never cross parts here) ...
+        packed, _ = _reference(_rank_rows(qkv_parts, rank, tp), config)
         assert torch.equal(layer.weight.view(-1), packed.view(-1))
+        # ... and the block scales, nested or not, those of each whole module
+        expected = _module_rows(qkv_parts, rank, tp, config)
         ours = F.dequantize_4bit(layer.weight, layer.quant_method.bnb_quant_state(layer))
-        assert torch.equal(ours, F.dequantize_4bit(packed, state))
+        assert torch.equal(ours, expected)
         assert torch.equal(layer.quant_method.dequantized_weight(layer), ours)
         assert (layer.weight_absmax.dtype == torch.uint8) == double_quant
 
@@ -80,7 +95,7 @@ def test_parts_that_do_not_end_on_block_boundaries_are_quantized_together(host):
     config = BitsAndBytesConfig(blocksize=4096, double_quant=True)
     layer = _qkv(host, config, hidden=48, head=16)
     for sid in ("q", "k", "v"):
-        layer.weight.weight_loader(layer.weight, EagerTensor(parts[sid]), sid)
+        weight_loader_of(layer.weight)(layer.weight, EagerTensor(parts[sid]), sid)
         assert bool(layer.bnb_codes.pending) == (sid != "v")
     layer.quant_method.process_weights_after_loading(layer)
     packed, state = _reference(_rank_rows(parts, 0, 1), config)
@@ -95,9 +110,9 @@ def test_gate_up_and_row_parallel_slices(host):
     with use_plugin_host(host), simulated_tp(1, 2):
         gate_up = MergedColumnParallelLinear(HIDDEN, [256, 256], quant_config=config, prefix="mlp.gate_up_proj")
         down_proj = RowParallelLinear(256, HIDDEN, quant_config=config, prefix="mlp.down_proj")
-    gate_up.weight.weight_loader(gate_up.weight, EagerTensor(up), 1)
-    gate_up.weight.weight_loader(gate_up.weight, EagerTensor(gate), 0)
-    down_proj.weight.weight_loader(down_proj.weight, EagerTensor(down))
+    weight_loader_of(gate_up.weight)(gate_up.weight, EagerTensor(up), 1)
+    weight_loader_of(gate_up.weight)(gate_up.weight, EagerTensor(gate), 0)
+    weight_loader_of(down_proj.weight)(down_proj.weight, EagerTensor(down))
     for layer, expected in ((gate_up, torch.cat([gate[128:], up[128:]])), (down_proj, down[:, 128:])):
         layer.quant_method.process_weights_after_loading(layer)
         packed, state = _reference(expected.contiguous(), config)
@@ -108,7 +123,7 @@ def test_a_checkpoint_that_already_fuses_qkv_is_split_into_its_parts(host, qkv_p
     config = BitsAndBytesConfig()
     layer = _qkv(host, config, 0, 2)
     fused = torch.cat([qkv_parts["q"], qkv_parts["k"], qkv_parts["v"]])
-    layer.weight.weight_loader(layer.weight, EagerTensor(fused))
+    weight_loader_of(layer.weight)(layer.weight, EagerTensor(fused))
     layer.quant_method.process_weights_after_loading(layer)
     packed, _ = _reference(_rank_rows(qkv_parts, 0, 2), config)
     assert torch.equal(layer.weight.view(-1), packed.view(-1))
@@ -126,7 +141,7 @@ def test_only_this_ranks_rows_are_read(host, qkv_parts):
             return super().read(dtype)
 
     layer = _qkv(host, BitsAndBytesConfig(), 1, 2)
-    layer.weight.weight_loader(layer.weight, Recording(qkv_parts["q"]), "q")
+    weight_loader_of(layer.weight)(layer.weight, Recording(qkv_parts["q"]), "q")
     assert read_shapes == [(HEADS * HEAD // 2, HIDDEN)]
 
 
@@ -134,7 +149,7 @@ def test_forward_is_x_times_the_dequantized_weight_plus_bias_in_the_compute_dtyp
     config = BitsAndBytesConfig(compute_dtype="bfloat16")
     layer = _qkv(host, config, bias=True)
     for sid in ("q", "k", "v"):
-        layer.weight.weight_loader(layer.weight, EagerTensor(qkv_parts[sid]), sid)
+        weight_loader_of(layer.weight)(layer.weight, EagerTensor(qkv_parts[sid]), sid)
     layer.bias.data.normal_()
     layer.quant_method.process_weights_after_loading(layer)
     x = torch.randn(2, 3, HIDDEN, generator=_gen(9))
@@ -147,8 +162,8 @@ def test_forward_is_x_times_the_dequantized_weight_plus_bias_in_the_compute_dtyp
 
 def test_a_part_never_loaded_is_reported_after_loading(host, qkv_parts):
     layer = _qkv(host, BitsAndBytesConfig())
-    layer.weight.weight_loader(layer.weight, EagerTensor(qkv_parts["q"]), "q")
-    layer.weight.weight_loader(layer.weight, EagerTensor(qkv_parts["v"]), "v")
+    weight_loader_of(layer.weight)(layer.weight, EagerTensor(qkv_parts["q"]), "q")
+    weight_loader_of(layer.weight)(layer.weight, EagerTensor(qkv_parts["v"]), "v")
     with pytest.raises(MissingWeightsError, match=r"qkv_proj: the checkpoint has no weights for part\(s\) \['k'\]"):
         layer.quant_method.process_weights_after_loading(layer)
 
@@ -181,7 +196,7 @@ def test_prequantized_parts_are_copied_into_place_without_requantizing(host, qkv
     for rank in range(tp):
         layer = _qkv(host, config, rank, tp)
         for sid in ("q", "k", "v"):
-            layer.weight.weight_loader(layer.weight, packed[sid], sid)
+            weight_loader_of(layer.weight)(layer.weight, packed[sid], sid)
         layer.quant_method.process_weights_after_loading(layer)
         assert layer.weight_absmax.dtype == torch.float32  # nested absmax is expanded exactly
         rows.append(layer.quant_method.dequantized_weight(layer))
@@ -198,7 +213,7 @@ def test_prequantized_row_parallel_slices_whole_blocks_of_columns(host):
         with use_plugin_host(host), simulated_tp(rank, 2):
             layer = RowParallelLinear(256, HIDDEN, quant_config=BitsAndBytesConfig(prequantized=True),
                                       prefix="mlp.down_proj")
-        layer.weight.weight_loader(layer.weight, packed)
+        weight_loader_of(layer.weight)(layer.weight, packed)
         layer.quant_method.process_weights_after_loading(layer)
         assert torch.equal(layer.quant_method.dequantized_weight(layer), expected[:, rank * 128:(rank + 1) * 128])
 
@@ -210,7 +225,7 @@ def test_prequantized_tp_that_splits_blocks_fails_with_shape_blocksize_and_tp(ho
         layer = RowParallelLinear(64, 64, quant_config=BitsAndBytesConfig(prequantized=True),
                                   prefix="model.layers.0.mlp.down_proj")
     with pytest.raises(UnsupportedError) as info:
-        layer.weight.weight_loader(layer.weight, packed)
+        weight_loader_of(layer.weight)(layer.weight, packed)
     message = str(info.value)
     assert message.startswith("tensor 'down_proj.weight' in m.safetensors: cannot split the pre-quantized weight "
                               "of shape (64, 64) (blocksize 64) over tensor parallel size 2 for "
@@ -224,27 +239,27 @@ def test_prequantized_parts_that_would_straddle_a_block_cannot_be_fused(host):
     packed = _packed_parts(parts, double_quant=False)
     with use_plugin_host(host):
         layer = QKVParallelLinear(42, 8, 4, 2, quant_config=BitsAndBytesConfig(prequantized=True), prefix="attn.qkv")
-    layer.weight.weight_loader(layer.weight, packed["q"], "q")
+    weight_loader_of(layer.weight)(layer.weight, packed["q"], "q")
     with pytest.raises(UnsupportedError, match=r"its 16 x 42 slice at rows \[32, 48\) of the fused 64 x 42 "
                                                r"weight of attn.qkv does not start and end on blocksize-64"):
-        layer.weight.weight_loader(layer.weight, packed["k"], "k")
+        weight_loader_of(layer.weight)(layer.weight, packed["k"], "k")
 
 
 def test_a_dense_tensor_in_a_prequantized_checkpoint_is_refused(host, qkv_parts):
     layer = _qkv(host, BitsAndBytesConfig(prequantized=True))
     with pytest.raises(CheckpointFormatError, match=r"tensor 'q' in <memory>: model.layers.0.self_attn.qkv_proj "
                                                     r"expects a bitsandbytes 4-bit weight .* found float32"):
-        layer.weight.weight_loader(layer.weight, EagerTensor(qkv_parts["q"], "q"), "q")
+        weight_loader_of(layer.weight)(layer.weight, EagerTensor(qkv_parts["q"], "q"), "q")
 
 
 def test_parts_quantized_differently_cannot_share_a_layer(host, qkv_parts):
     nf4 = _packed_parts({"q": qkv_parts["q"]})
     fp4 = _packed_parts({"k": qkv_parts["k"]}, quant_type="fp4")
     layer = _qkv(host, BitsAndBytesConfig(prequantized=True))
-    layer.weight.weight_loader(layer.weight, nf4["q"], "q")
+    weight_loader_of(layer.weight)(layer.weight, nf4["q"], "q")
     with pytest.raises(CheckpointFormatError, match="quantized with fp4, blocksize 64.*other parts of "
                                                     "model.layers.0.self_attn.qkv_proj used nf4"):
-        layer.weight.weight_loader(layer.weight, fp4["k"], "k")
+        weight_loader_of(layer.weight)(layer.weight, fp4["k"], "k")
 
 
 @pytest.mark.parametrize("double_quant", [False, True])
@@ -254,7 +269,7 @@ def test_the_layers_quant_state_drives_bitsandbytes_own_matmul(host, qkv_parts, 
 
     layer = _qkv(host, BitsAndBytesConfig(double_quant=double_quant))
     for sid in ("q", "k", "v"):
-        layer.weight.weight_loader(layer.weight, EagerTensor(qkv_parts[sid]), sid)
+        weight_loader_of(layer.weight)(layer.weight, EagerTensor(qkv_parts[sid]), sid)
     layer.quant_method.process_weights_after_loading(layer)
     x = torch.randn(2, 3, HIDDEN, generator=_gen(9))
     native = matmul_4bit(x, layer.weight.t(), layer.quant_method.bnb_quant_state(layer))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from loader import hooks
-from loader.errors import ConfigError, UnsupportedError
+from loader.errors import ConfigError, FusedLayerSkipError, UnsupportedError
 from loader.options import LoadOptions
 from loader.plugins import create_plugin_host
 from loader_plugin_bnb.config import BitsAndBytesConfig
@@ -38,7 +38,7 @@ def test_plugin_is_loaded_with_its_hooks():
     record = create_plugin_host().records["bnb"]
     assert record.status == "loaded", record.error
     assert record.distribution == "loader-plugin-bnb"
-    assert record.hooks == ("loader_detect_quantization", "loader_get_quant_method")
+    assert record.hooks == ("loader_detect_quantization",)
 
 
 def test_entry_point_module_imports_neither_torch_nor_bitsandbytes():
@@ -115,31 +115,33 @@ def test_eight_bit_and_odd_storage_checkpoints_are_refused():
         _detect(storage, None)
 
 
+def _with_llama_table(config: BitsAndBytesConfig) -> BitsAndBytesConfig:
+    """The config as the pipeline hands it to a Llama model: with the model's fused-module table."""
+    from loader_plugin_llama.model import LlamaForCausalLM
+
+    config.set_packed_modules(LlamaForCausalLM.packed_modules_mapping)
+    return config
+
+
 def test_skipping_all_parts_of_a_fused_layer_skips_it_and_some_parts_is_refused():
-    config = BitsAndBytesConfig(skip_modules=("q_proj", "k_proj", "v_proj", "mlp.up_proj"))
+    config = _with_llama_table(BitsAndBytesConfig(skip_modules=("q_proj", "k_proj", "v_proj", "mlp.up_proj")))
     assert config.skip("model.layers.3.self_attn.qkv_proj")
     assert not config.skip("model.layers.3.self_attn.o_proj")
     assert not config.skip("model.layers.3.self_attn.q_proj_extra")
-    with pytest.raises(UnsupportedError, match=r"keep \['model.layers.3.mlp.up_proj'\] unquantized, but "
-                                                r"model.layers.3.mlp.gate_up_proj fuses"):
+    with pytest.raises(FusedLayerSkipError, match=r"^bitsandbytes keeps \['model.layers.3.mlp.up_proj'\] "
+                       r"unquantized but quantizes \['model.layers.3.mlp.gate_proj'\], and "
+                       r"model.layers.3.mlp.gate_up_proj fuses them into one weight; skip all of its parts or none$"):
         config.skip("model.layers.3.mlp.gate_up_proj")
 
 
 def test_linear_layers_get_the_bitsandbytes_method_and_others_do_not():
     from loader.layers.linear import RowParallelLinear
-    from loader.layers.quantization import QuantizationConfig
-    from loader.plugins import use_plugin_host
     from loader_plugin_bnb.linear_method import BitsAndBytesLinearMethod
 
-    host = create_plugin_host()
-    with use_plugin_host(host):
-        layer = RowParallelLinear(64, 32, quant_config=BitsAndBytesConfig(), prefix="model.layers.0.mlp.down_proj")
+    layer = RowParallelLinear(64, 32, quant_config=BitsAndBytesConfig(), prefix="model.layers.0.mlp.down_proj")
     assert isinstance(layer.quant_method, BitsAndBytesLinearMethod)
     assert layer.weight.dtype == torch.uint8 and tuple(layer.weight.shape) == (64 * 32 // 2, 1)
     assert tuple(layer.weight_absmax.shape) == (32,)
-
-    class Other(QuantizationConfig):
-        name = "other"
-
-    assert hooks.get_quant_method(Other(), layer, "x", host) is None
-    assert hooks.get_quant_method(BitsAndBytesConfig(), torch.nn.Linear(2, 2), "x", host) is None
+    assert BitsAndBytesConfig().get_quant_method(torch.nn.Linear(2, 2), "x") is None
+    skipped = RowParallelLinear(64, 32, quant_config=BitsAndBytesConfig(), prefix="lm_head")
+    assert not isinstance(skipped.quant_method, BitsAndBytesLinearMethod)

@@ -79,17 +79,20 @@ def nest_absmax(absmax: torch.Tensor) -> NestedAbsmax:
 
 
 def dequantize_absmax(codes: torch.Tensor, scales: torch.Tensor, code: torch.Tensor, offset: float,
-                      blocksize: int = NESTED_BLOCKSIZE, start: int = 0) -> torch.Tensor:
+                      blocksize: int = NESTED_BLOCKSIZE, start: int = 0,
+                      index: torch.Tensor | None = None) -> torch.Tensor:
     """Float32 ``absmax`` from its 8-bit codes, the way bitsandbytes computes it before dequantizing.
 
-    ``code[codes] * scales[block]`` then ``+ offset``, in float32, so the
-    result is bit-identical to bitsandbytes' own nested dequantization.
-    ``codes`` may be a window starting at entry ``start`` of the full
-    vector; ``scales`` is always the full vector of block scales.
+    ``code[codes] * scales[block] + offset``, in float32, so the result is
+    bit-identical to bitsandbytes' own nested dequantization. ``codes`` may
+    be a window starting at entry ``start`` of the full vector, or any
+    selection of it whose positions ``index`` gives; ``scales`` is always
+    the full vector of block scales.
     """
     values = code.to(torch.float32)[codes.reshape(-1).long()]
-    index = torch.arange(start, start + values.numel(), device=values.device) // blocksize
-    per_value = scales.to(torch.float32).reshape(-1)[index]
+    if index is None:
+        index = torch.arange(start, start + values.numel(), device=values.device)
+    per_value = scales.to(torch.float32).reshape(-1)[index // blocksize]
     return values * per_value + torch.tensor(offset, dtype=torch.float32, device=values.device)
 
 

@@ -25,11 +25,13 @@ from loader.layers.quantization import QuantizationConfig
 from .quant_state import BLOCKSIZES, QUANT_TYPES
 
 if TYPE_CHECKING:
+    from torch import nn
+
+    from loader.layers.quantization import QuantizeMethodBase
     from loader.weights import WeightStream
 
 __all__ = [
     "DEFAULT_SKIP_MODULES",
-    "FUSED_PARTS",
     "METHOD_NAME",
     "OPTION_NAMES",
     "check_compute_dtype",
@@ -42,13 +44,6 @@ METHOD_NAME = "bitsandbytes"
 DEFAULT_SKIP_MODULES = ("lm_head",)
 COMPUTE_DTYPES = ("float32", "float16", "bfloat16")
 OPTION_NAMES = ("quant_type", "blocksize", "double_quant", "compute_dtype", "skip_modules")
-
-FUSED_PARTS: dict[str, tuple[str, ...]] = {
-    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
-    "gate_up_proj": ("gate_proj", "up_proj"),
-}
-"""Fused layer names and the checkpoint modules they are built from (for ``skip``)."""
-
 
 def _matches(prefix: str, module: str) -> bool:
     """Whether dotted ``module`` names ``prefix`` or one of its parents, by whole components."""
@@ -88,27 +83,23 @@ class BitsAndBytesConfig(QuantizationConfig):
             "prequantized": self.prequantized,
         }
 
-    def skip(self, prefix: str) -> bool:
-        """Whether the layer at ``prefix`` stays unquantized.
+    def ignores(self, prefix: str) -> bool:
+        """Whether ``skip_modules`` names the module ``prefix`` or one of its parents, by whole components.
 
-        A fused layer (``...qkv_proj``) is skipped when all of its parts are;
-        skipping only some parts cannot be honoured, since the parts share one
-        quantized weight, and is refused.
+        The core's :meth:`~loader.layers.quantization.QuantizationConfig.skip`
+        asks this for fused layers and for each of their checkpoint parts.
         """
-        if any(_matches(prefix, m) for m in self.skip_modules):
-            return True
-        parent, _, leaf = prefix.rpartition(".")
-        parts = FUSED_PARTS.get(leaf)
-        if not parts:
-            return False
-        names = [f"{parent}.{p}" if parent else p for p in parts]
-        skipped = [n for n in names if any(_matches(n, m) for m in self.skip_modules)]
-        if skipped and len(skipped) < len(names):
-            raise UnsupportedError(
-                f"bitsandbytes skip_modules {list(self.skip_modules)} keep {skipped} unquantized, but "
-                f"{prefix} fuses {names} into one weight; skip all of its parts or none"
-            )
-        return bool(skipped)
+        return any(_matches(prefix, m) for m in self.skip_modules)
+
+    def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
+        """:class:`~loader_plugin_bnb.linear_method.BitsAndBytesLinearMethod` for every parallel linear layer."""
+        from loader.layers.linear import LinearBase
+
+        if not isinstance(layer, LinearBase):
+            return None
+        from .linear_method import BitsAndBytesLinearMethod
+
+        return BitsAndBytesLinearMethod(self)
 
     def wrap_weights(self, weights: WeightStream) -> WeightStream:
         """Bundle a pre-quantized checkpoint's side tensors with their packed weights.

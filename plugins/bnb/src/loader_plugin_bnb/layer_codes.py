@@ -21,6 +21,7 @@ import torch
 from loader.errors import CheckpointFormatError, MissingWeightsError, UnsupportedError
 
 from .codec import quantize_blocks
+from .nesting import NestedPart, NestedRange
 
 if TYPE_CHECKING:
     from torch import nn
@@ -46,7 +47,8 @@ class LayerCodes:
     :ivar cols: this rank's input features.
     :ivar part_rows: rows of each fused part, in order (one entry if not fused).
     :ivar weight_dtype: the dtype the weight was quantized from and dequantizes to.
-    :ivar nested_offset: set once ``absmax`` is double-quantized.
+    :ivar nested_parts: in flight with double quantization, each part's nested codes as it arrives.
+    :ivar nested: set once ``absmax`` is double-quantized: where each checkpoint module's blocks sit.
     """
 
     prefix: str
@@ -59,7 +61,8 @@ class LayerCodes:
     prequantized: bool
     loaded: set[ShardId] = attrs.field(factory=set)
     pending: dict[ShardId, tuple[int, torch.Tensor]] = attrs.field(factory=dict)
-    nested_offset: float | None = None
+    nested_parts: list[NestedPart] = attrs.field(factory=list)
+    nested: tuple[NestedRange, ...] | None = None
     finished: bool = False
 
     @property
@@ -82,20 +85,27 @@ class LayerCodes:
 
     # -- in flight ---------------------------------------------------------------------------------
 
-    def place_dense(self, layer: nn.Module, shard_id: ShardId, offset: int, dense: torch.Tensor) -> None:
-        """Quantize this rank's rows of one part (or keep them until the layer is complete)."""
+    def place_dense(self, layer: nn.Module, shard_id: ShardId, offset: int,
+                    dense: torch.Tensor) -> torch.Tensor | None:
+        """Quantize this rank's rows of one part (or keep them until the layer is complete).
+
+        Returns the part's float32 ``absmax`` when it was quantized on its
+        own, ``None`` when it waits for (or completed) the whole layer.
+        """
         device = tensor_of(layer, "weight").device
         if self.parts_aligned:
-            self._write(layer, offset, *quantize_blocks(dense.to(device), self.blocksize, self.quant_type))
-            return
+            packed, absmax = quantize_blocks(dense.to(device), self.blocksize, self.quant_type)
+            self._write(layer, offset, packed, absmax)
+            return absmax
         self.pending[shard_id] = (offset, dense)
         if len(self.pending) < len(self.part_rows):
-            return
+            return None
         whole = torch.empty(self.rows, self.cols, dtype=self.weight_dtype, device=device)
         for start, part in self.pending.values():
             whole[start:start + part.shape[0]].copy_(part)
         self.pending.clear()
         self._write(layer, 0, *quantize_blocks(whole, self.blocksize, self.quant_type))
+        return None
 
     # -- pre-quantized -----------------------------------------------------------------------------
 

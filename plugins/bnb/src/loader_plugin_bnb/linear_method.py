@@ -6,13 +6,17 @@ Each quantized layer holds, for this rank's shard:
   ``(ceil(rows * cols / 2), 1)`` as bitsandbytes lays them out;
 * buffers ``weight_absmax`` (float32 per block, or ``uint8`` codes once
   double-quantized), ``weight_quant_map`` (the 16-entry code table) and, with
-  double quantization, ``weight_nested_absmax`` / ``weight_nested_quant_map``.
+  double quantization, ``weight_nested_absmax`` (every checkpoint module's
+  nested scales, one module after another) / ``weight_nested_quant_map``
+  (see :mod:`loader_plugin_bnb.nesting`).
 
-Its ``weight_loader`` takes either a dense checkpoint tensor (quantize while
-loading: narrow to this rank with the layer's own ``shard_slice``, read only
-that slice, quantize it, drop it) or a
-:class:`~loader_plugin_bnb.packed_tensor.Packed4bitTensor` (pre-quantized:
-narrowed by whole blocks and copied, never re-quantized). Only ``weight`` is a
+Loading goes through the layer's own ``weight_loader`` (fused tensors split,
+shapes checked, rows narrowed to this rank over the logical ``(rows, cols)``
+the weight's :class:`~loader.layers.param_layout.ParamLayout` declares); the
+layout's ``load_part`` then lands each narrowed part: a dense checkpoint
+tensor is read (only this rank's slice) and quantized, a
+:class:`~loader_plugin_bnb.packed_tensor.Packed4bitTensor` (pre-quantized,
+narrowed by whole blocks) has its codes copied, never re-quantized. Only ``weight`` is a
 parameter, so the model's ``load_weights`` and the pipeline's "every parameter
 filled" check see one name per layer, as for a dense model.
 """
@@ -25,17 +29,20 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from loader.errors import CheckpointFormatError, UnsupportedError
+from loader.layers.param_layout import ParamLayout, set_param_layout
 from loader.layers.quantization import LinearMethodBase, WeightLoader
 
-from .codec import code_table, dequantize_absmax, dequantize_blocks, nest_absmax
+from .codec import code_table, dequantize_blocks, quantize_blocks
 from .config import BitsAndBytesConfig
 from .layer_codes import LayerCodes, ShardId, tensor_of
+from .nesting import NestedPart, assemble, dequantize_layer, module_blocks, nest_part
 from .packed_tensor import BlockAlignmentError, Packed4bitTensor
 
 if TYPE_CHECKING:
     from torch import nn
 
     from loader.layers.linear import LinearBase
+    from loader.layers.shard_loading import NarrowedPart
     from loader.weights import CheckpointTensor
 
 __all__ = ["DUMMY_ABSMAX", "BitsAndBytesLinearMethod"]
@@ -84,7 +91,13 @@ class BitsAndBytesLinearMethod(LinearMethodBase):
         )
         packed = torch.empty((rows * cols + 1) // 2, 1, dtype=torch.uint8)
         weight = torch.nn.Parameter(packed, requires_grad=False)
-        weight.weight_loader = functools.partial(self.load_weight, cast("LinearBase", layer))  # type: ignore[attr-defined]
+        linear = cast("LinearBase", layer)
+        # The layer's own loader splits fused tensors, checks shapes and narrows to this rank along the
+        # logical (rows, cols); only the landing of each narrowed part (quantize or copy codes) is ours.
+        set_param_layout(weight, ParamLayout(
+            weight_loader=functools.partial(self.load_weight, linear), output_dim=0, input_dim=1,
+            logical_shape=(rows, cols), load_part=functools.partial(self._load_part, linear),
+        ))
         layer.register_parameter("weight", weight)
         layer.register_buffer("weight_absmax", torch.empty(codes.blocks, dtype=torch.float32))
         layer.register_buffer("weight_quant_map", torch.empty(16, dtype=torch.float32))
@@ -94,61 +107,62 @@ class BitsAndBytesLinearMethod(LinearMethodBase):
 
     def load_weight(self, layer: LinearBase, param: torch.Tensor, loaded: CheckpointTensor,
                     shard_id: ShardId = None) -> None:
-        """Land ``loaded`` (part ``shard_id``) in ``layer``'s packed weight, for this rank only."""
-        codes = _codes(layer)
-        if shard_id is None and len(codes.part_rows) > 1:
-            self._load_prefused(layer, param, loaded)
-            return
-        shape = torch.empty(codes.rows, codes.cols, device="meta")
-        shape.output_dim = 0  # type: ignore[attr-defined]
-        shape.input_dim = 1  # type: ignore[attr-defined]
-        if isinstance(loaded, Packed4bitTensor):
-            self._load_packed(layer, shape, loaded, shard_id)
-        else:
-            if codes.prequantized:
-                raise CheckpointFormatError(
-                    f"{loaded.describe()}: {codes.prefix} expects a bitsandbytes 4-bit weight (packed uint8 "
-                    f"with absmax and quant_state) in this pre-quantized checkpoint, found "
-                    f"{str(loaded.dtype).removeprefix('torch.')} of shape {loaded.shape}"
-                )
-            narrowed, offset, _ = layer.shard_slice(shape, loaded, shard_id)
-            codes.place_dense(layer, shard_id, offset, narrowed.read(codes.weight_dtype))
-        codes.mark_loaded(shard_id)
+        """Land ``loaded`` (part ``shard_id``, or every part of a pre-fused tensor) through the layer's loader.
 
-    def _load_packed(self, layer: LinearBase, shape: torch.Tensor, loaded: Packed4bitTensor,
-                     shard_id: ShardId) -> None:
+        Adds what only bitsandbytes knows to the layer's errors: a dense
+        tensor where a packed one belongs, and a TP split that would cut a
+        quantization block.
+        """
         codes = _codes(layer)
-        header = loaded.header
-        codes.adopt_header(layer, header.blocksize, header.quant_type, header.torch_dtype, loaded.describe())
+        if codes.prequantized and not isinstance(loaded, Packed4bitTensor):
+            raise CheckpointFormatError(
+                f"{loaded.describe()}: {codes.prefix} expects a bitsandbytes 4-bit weight (packed uint8 "
+                f"with absmax and quant_state) in this pre-quantized checkpoint, found "
+                f"{str(loaded.dtype).removeprefix('torch.')} of shape {loaded.shape}"
+            )
         try:
-            narrowed, offset, size = layer.shard_slice(shape, loaded, shard_id)
+            layer.weight_loader(param, loaded, shard_id)
         except BlockAlignmentError as exc:
-            tp = getattr(layer, "tp_size", 1)
+            assert isinstance(loaded, Packed4bitTensor)
+            header = loaded.header
             raise UnsupportedError(
                 f"{loaded.describe()}: cannot split the pre-quantized weight of shape {header.shape} "
-                f"(blocksize {header.blocksize}) over tensor parallel size {tp} for {codes.prefix}: "
+                f"(blocksize {header.blocksize}) over tensor parallel size {layer.tp_size} for {codes.prefix}: "
                 f"each rank's slice must be whole blocks. {exc}"
             ) from exc
-        assert isinstance(narrowed, Packed4bitTensor)
-        packed, absmax = narrowed.read_codes()
-        codes.place_codes(layer, offset, size, packed, absmax, loaded.describe())
 
-    def _load_prefused(self, layer: LinearBase, param: torch.Tensor, loaded: CheckpointTensor) -> None:
-        """A checkpoint tensor that already stacks every part: load each part in turn."""
-        shard_ids = _shard_ids(layer)
-        output_part = layer.output_part
-        fulls = [int(output_part(sid).full) for sid in shard_ids]
-        if loaded.ndim != 2 or loaded.shape[0] != sum(fulls):
-            from loader.errors import ShapeMismatchError
+    def _load_part(self, layer: LinearBase, param: torch.Tensor, part: NarrowedPart) -> None:
+        """This rank's rows of one part, already narrowed by the layer: quantize them, or copy their codes."""
+        codes = _codes(layer)
+        narrowed = part.narrowed
+        if isinstance(narrowed, Packed4bitTensor):
+            header = narrowed.header
+            codes.adopt_header(layer, header.blocksize, header.quant_type, header.torch_dtype, narrowed.describe())
+            packed, absmax = narrowed.read_codes()
+            codes.place_codes(layer, part.offset, part.size, packed, absmax, narrowed.describe())
+        else:
+            own = codes.place_dense(layer, part.shard_id, part.offset, narrowed.read(codes.weight_dtype))
+            if own is not None and self.config.double_quant:
+                codes.nested_parts.append(self._nest(codes, part, own))
+        codes.mark_loaded(part.shard_id)
 
-            raise ShapeMismatchError(
-                f"{loaded.describe()}: expected {sum(fulls)} rows for the fused {_codes(layer).prefix}, "
-                f"found shape {loaded.shape}"
-            )
-        start = 0
-        for sid, full in zip(shard_ids, fulls, strict=True):
-            self.load_weight(layer, param, loaded.narrow(0, start, full), sid)
-            start += full
+    def _nest(self, codes: LayerCodes, part: NarrowedPart, absmax: torch.Tensor) -> NestedPart:
+        """Double-quantize one part's block scales over its whole checkpoint module, as ``transformers`` does.
+
+        A rank holding only a slice of the module reads the module whole once
+        more to get its statistics; a slice that is not whole blocks of the
+        module (which then quantizes differently anyway) is nested on its own.
+        """
+        first_block = part.offset * codes.cols // codes.blocksize
+        whole = part.whole
+        placement = module_blocks(whole.shape, part.rows, part.cols, codes.blocksize) if whole.ndim == 2 else None
+        if placement is None:
+            count = absmax.numel()
+            return nest_part(absmax, first_block, (0, count, count, count))
+        if placement[3] == -(-whole.numel() // codes.blocksize):  # this rank holds the whole module
+            return nest_part(absmax, first_block, placement)
+        dense = whole.read(codes.weight_dtype).to(absmax.device)
+        return nest_part(quantize_blocks(dense, codes.blocksize, codes.quant_type)[1], first_block, placement)
 
     # -- after loading -----------------------------------------------------------------------------
 
@@ -170,22 +184,24 @@ class BitsAndBytesLinearMethod(LinearMethodBase):
         quant_map = tensor_of(layer, "weight_quant_map")
         quant_map.copy_(code_table(codes.quant_type, quant_map.device))
         if self.config.double_quant and not codes.prequantized:
-            nested = nest_absmax(tensor_of(layer, "weight_absmax"))
+            parts = codes.nested_parts or [nest_part(tensor_of(layer, "weight_absmax"), 0,
+                                                     (0, codes.blocks, codes.blocks, codes.blocks))]
+            nested = assemble(parts, codes.blocks)
             layer.weight_absmax = nested.codes
             layer.register_buffer("weight_nested_absmax", nested.scales)
             layer.register_buffer("weight_nested_quant_map", nested.code)
-            codes.nested_offset = nested.offset
+            codes.nested, codes.nested_parts = nested.ranges, []
         codes.finished = True
 
     # -- forward -----------------------------------------------------------------------------------
 
     def float_absmax(self, layer: nn.Module) -> torch.Tensor:
-        """The per-block float32 ``absmax`` (dequantized when double-quantized)."""
+        """The per-block float32 ``absmax`` (dequantized, module by module, when double-quantized)."""
         codes = _codes(layer)
-        if codes.nested_offset is None:
+        if codes.nested is None:
             return tensor_of(layer, "weight_absmax")
-        return dequantize_absmax(tensor_of(layer, "weight_absmax"), tensor_of(layer, "weight_nested_absmax"),
-                                 tensor_of(layer, "weight_nested_quant_map"), codes.nested_offset)
+        return dequantize_layer(tensor_of(layer, "weight_absmax"), tensor_of(layer, "weight_nested_absmax"),
+                                tensor_of(layer, "weight_nested_quant_map"), codes.nested)
 
     def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
         """This rank's weight ``(rows, cols)`` in the dtype it was quantized from."""
@@ -207,20 +223,17 @@ class BitsAndBytesLinearMethod(LinearMethodBase):
         return out.to(x.dtype)
 
     def bnb_quant_state(self, layer: nn.Module) -> Any:
-        """A ``bitsandbytes.functional.QuantState`` over the layer's buffers (for its CUDA kernels)."""
+        """A ``bitsandbytes.functional.QuantState`` over the layer's buffers (for its CUDA kernels).
+
+        A double-quantized layer nests each checkpoint module on its own, which
+        one ``QuantState`` cannot express; it is handed the float32 ``absmax``
+        those codes stand for, which is what bitsandbytes computes first anyway.
+        """
         from bitsandbytes.functional import QuantState
 
         codes = _codes(layer)
-        state2 = offset = None
-        if codes.nested_offset is not None:
-            state2 = QuantState(absmax=tensor_of(layer, "weight_nested_absmax"),
-                                code=tensor_of(layer, "weight_nested_quant_map"), blocksize=256,
-                                dtype=torch.float32)
-            offset = torch.tensor(codes.nested_offset, dtype=torch.float32,
-                                  device=tensor_of(layer, "weight").device)
         return QuantState(
-            absmax=tensor_of(layer, "weight_absmax"), shape=torch.Size((codes.rows, codes.cols)),
+            absmax=self.float_absmax(layer), shape=torch.Size((codes.rows, codes.cols)),
             code=tensor_of(layer, "weight_quant_map"),
             blocksize=codes.blocksize, quant_type=codes.quant_type, dtype=codes.weight_dtype,
-            offset=offset, state2=state2,
         )

@@ -3,7 +3,9 @@
 ``quantization="bitsandbytes"`` quantizes a dense checkpoint to NF4/FP4 while
 it loads; a checkpoint whose ``config.json`` declares
 ``quantization_config.quant_method == "bitsandbytes"`` loads its packed 4-bit
-weights as they are. Both work under tensor parallelism. torch and
+weights as they are. Both work under tensor parallelism. The config this
+plugin returns gives each linear layer its quantize method
+(``BitsAndBytesConfig.get_quant_method``); no other hook is needed. torch and
 bitsandbytes are imported only when a hook needs them.
 """
 
@@ -15,12 +17,10 @@ from typing import TYPE_CHECKING, Any
 from loader.hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from torch import nn
-
-    from loader.layers.quantization import QuantizationConfig, QuantizeMethodBase
+    from loader.layers.quantization import QuantizationConfig
     from loader.options import LoadOptions
 
-__all__ = ["loader_detect_quantization", "loader_get_quant_method"]
+__all__ = ["loader_detect_quantization"]
 
 
 @hookimpl
@@ -30,20 +30,3 @@ def loader_detect_quantization(
     from .detection import detect_bitsandbytes
 
     return detect_bitsandbytes(hf_config, requested, options.extra.get("quantization_options"))
-
-
-@hookimpl
-def loader_get_quant_method(
-    quant_config: QuantizationConfig, layer: nn.Module, prefix: str
-) -> QuantizeMethodBase | None:
-    from .config import BitsAndBytesConfig
-
-    if not isinstance(quant_config, BitsAndBytesConfig):
-        return None
-    from loader.layers.linear import LinearBase
-
-    if not isinstance(layer, LinearBase):
-        return None
-    from .linear_method import BitsAndBytesLinearMethod
-
-    return BitsAndBytesLinearMethod(quant_config)

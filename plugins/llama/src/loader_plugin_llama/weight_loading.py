@@ -25,10 +25,10 @@ if TYPE_CHECKING:
     from loader.weights import CheckpointTensor
 
 __all__ = [
-    "DECODER_STACKED_PARAMS",
     "NON_PARAMETER_SUFFIXES",
     "StackedParam",
     "load_decoder_weights",
+    "stacked_params",
 ]
 
 ShardId = int | str
@@ -43,13 +43,36 @@ class StackedParam:
     shard_id: ShardId
 
 
-DECODER_STACKED_PARAMS: tuple[StackedParam, ...] = (
-    StackedParam("qkv_proj", "q_proj", "q"),
-    StackedParam("qkv_proj", "k_proj", "k"),
-    StackedParam("qkv_proj", "v_proj", "v"),
-    StackedParam("gate_up_proj", "gate_proj", 0),
-    StackedParam("gate_up_proj", "up_proj", 1),
-)
+def stacked_params(model: nn.Module) -> tuple[StackedParam, ...]:
+    """The model's stacked mapping, from the one table it declares.
+
+    The fused modules and their checkpoint parts come from the class's
+    ``packed_modules_mapping`` (what quantization configs also see); each
+    part's shard id is the fused layer's own (``QKVParallelLinear.shard_ids()``
+    is ``["q", "k", "v"]``), so neither is written down twice.
+    """
+    from loader.layers.linear import LinearBase
+
+    table: Mapping[str, list[str]] = getattr(type(model), "packed_modules_mapping", {})
+    shard_ids: dict[str, list[ShardId | None]] = {}
+    for name, module in model.named_modules():
+        leaf = name.rpartition(".")[2]
+        if leaf in table and leaf not in shard_ids and isinstance(module, LinearBase):
+            shard_ids[leaf] = module.shard_ids()
+    stacked = []
+    for fused, parts in table.items():
+        ids = shard_ids.get(fused)
+        if ids is None:
+            continue
+        if len(ids) != len(parts) or None in ids:
+            raise ValueError(
+                f"{type(model).__name__}.packed_modules_mapping[{fused!r}] lists {len(parts)} parts, but the "
+                f"layer {fused!r} has shards {ids}"
+            )
+        stacked += [StackedParam(fused, part, sid) for part, sid in zip(parts, ids, strict=True)
+                    if sid is not None]
+    return tuple(stacked)
+
 
 #: tensors some checkpoints carry that are computed, not learned (rotary tables).
 NON_PARAMETER_SUFFIXES: tuple[str, ...] = (
@@ -77,12 +100,14 @@ def load_decoder_weights(
     model: nn.Module,
     weights: Iterable[tuple[str, CheckpointTensor]],
     *,
-    stacked: Iterable[StackedParam] = DECODER_STACKED_PARAMS,
+    stacked: Iterable[StackedParam] | None = None,
     skip_names: frozenset[str] = frozenset(),
     aliases: Mapping[str, str] | None = None,
 ) -> set[str]:
     """Load ``weights`` into ``model`` by name; return the parameter names filled.
 
+    :param stacked: how checkpoint parts land in fused parameters
+        (default: :func:`stacked_params` of ``model``).
     :param skip_names: checkpoint names to ignore (``lm_head.weight`` with tied embeddings).
     :param aliases: names (as in ``named_parameters(remove_duplicate=False)``)
         that are the same parameter as another; when the target is filled the
@@ -90,9 +115,9 @@ def load_decoder_weights(
     :raises UnexpectedWeightError: a tensor the model has no parameter for.
     :raises MissingWeightsError: a fused parameter got some of its parts but not all.
     """
-    from loader.layers.default_loader import default_weight_loader
+    from loader.layers.param_layout import weight_loader_of
 
-    stacked = tuple(stacked)
+    stacked = stacked_params(model) if stacked is None else tuple(stacked)
     params = dict(model.named_parameters(remove_duplicate=False))
     parts_expected: dict[str, set[ShardId]] = {}
     for entry in stacked:
@@ -107,8 +132,7 @@ def load_decoder_weights(
         if target is not None and target[0] in params:
             param_name, shard_id = target
             fused_param = params[param_name]
-            loader = getattr(fused_param, "weight_loader", default_weight_loader)
-            loader(fused_param, tensor, shard_id)
+            weight_loader_of(fused_param)(fused_param, tensor, shard_id)
             parts_seen.setdefault(param_name, {})[shard_id] = name
             continue
         param = params.get(name)
@@ -116,8 +140,7 @@ def load_decoder_weights(
             raise UnexpectedWeightError(
                 f"{_describe(name, tensor)}: the {type(model).__name__} model has no parameter for it"
             )
-        loader = getattr(param, "weight_loader", default_weight_loader)
-        loader(param, tensor)
+        weight_loader_of(param)(param, tensor)
         filled.add(name)
 
     for param_name, seen in parts_seen.items():
