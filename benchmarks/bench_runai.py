@@ -103,7 +103,7 @@ def _bench_local(sizes: list[float], reps: int) -> list[dict[str, Any]]:
     for size in sizes:
         folder, shape, _ = ensure_checkpoint(BENCH_DIR / "out", size)
         for rep in range(reps):
-            for label in LOCAL_PATHS if rep % 2 == 0 else LOCAL_PATHS[::-1]:
+            for label in list(LOCAL_PATHS) if rep % 2 == 0 else list(LOCAL_PATHS)[::-1]:
                 load_format, options = LOCAL_PATHS[label]
                 warm_page_cache(shard_files(folder))
                 record = _run_child(["load", str(folder), load_format, json.dumps(options)])
