@@ -23,10 +23,10 @@ class ModelContext:
     ``config.json`` shape (a GGUF plugin synthesises one from metadata); the
     model plugin parses it into its own typed config. ``quant_config`` is
     handed to each layer so a quantization plugin can choose its parameters.
+    The rank and size to build for are the load session's
+    (:func:`loader.session.current_session`).
     """
 
     hf_config: Mapping[str, Any]
     dtype: torch.dtype
     quant_config: QuantizationConfig | None = None
-    tp_rank: int = 0
-    tp_size: int = 1

@@ -2,11 +2,14 @@
 
 The process group always comes from ``torchrun`` (``RANK``/``WORLD_SIZE``/
 ``MASTER_ADDR`` in the environment); loader never builds its own groups. At
-``tp_size() == 1`` every collective is a no-op, so single-process code pays
+a group size of 1 every collective is a no-op, so single-process code pays
 nothing.
 
-Tests (and tools that build one rank's shard of a model without launching
-several processes) can pretend to be a given rank with :func:`simulated_tp`:
+The rank and size a load builds for are the load session's
+(:func:`loader.session.current_session`); outside a load they are this
+process's place in the group. Tests (and tools that build one rank's shard of
+a model without launching several processes) can pretend to be a given rank
+with :func:`simulated_tp`, which opens a session with that rank and size:
 layers built inside it size and narrow their parameters for that rank, while
 collectives stay no-ops because no process group exists.
 """
@@ -14,12 +17,11 @@ collectives stay no-ops because no process group exists.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
-from .errors import UnsupportedError
+from .errors import ConfigError, UnsupportedError
 
 if TYPE_CHECKING:
     import torch
@@ -27,23 +29,30 @@ if TYPE_CHECKING:
 __all__ = [
     "all_gather",
     "all_reduce",
+    "check_torchrun_environment",
     "divide",
+    "group_rank",
+    "group_size",
     "init_distributed",
     "simulated_tp",
-    "tp_rank",
-    "tp_size",
 ]
 
-_SIMULATED: ContextVar[tuple[int, int] | None] = ContextVar("loader_simulated_tp", default=None)
-
-
-def _group_size() -> int:
+def group_size() -> int:
     """World size of the real process group (1 when there is none)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         return int(dist.get_world_size())
     return 1
+
+
+def group_rank() -> int:
+    """This process's rank in the real process group (0 when there is none)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    return 0
 
 
 def init_distributed(device: str | torch.device | None = None) -> None:
@@ -53,7 +62,7 @@ def init_distributed(device: str | torch.device | None = None) -> None:
     group already exists. The backend is NCCL when ``device`` is a CUDA device
     (and each process then uses ``cuda:LOCAL_RANK``), gloo otherwise.
     """
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = _env_integer(os.environ, "WORLD_SIZE", minimum=1) if "WORLD_SIZE" in os.environ else 1
     if world <= 1:
         return
     import torch
@@ -65,47 +74,58 @@ def init_distributed(device: str | torch.device | None = None) -> None:
         )
     if dist.is_initialized():
         return
+    check_torchrun_environment(os.environ, world)
     on_cuda = device is not None and torch.device(device).type == "cuda"
     if on_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend="nccl" if on_cuda else "gloo")
 
 
-def tp_rank() -> int:
-    """This process's tensor-parallel rank (0 without a process group)."""
-    simulated = _SIMULATED.get()
-    if simulated is not None:
-        return simulated[0]
-    import torch.distributed as dist
+def _env_integer(environ: Mapping[str, str], name: str, *, minimum: int = 0) -> int:
+    raw = environ[name]
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise ConfigError(f"{name}={raw!r}: expected an integer of at least {minimum} (torchrun sets it)")
+    return value
 
-    if dist.is_available() and dist.is_initialized():
-        return int(dist.get_rank())
-    return 0
 
+def check_torchrun_environment(environ: Mapping[str, str], world: int) -> None:
+    """The variables ``torchrun`` sets beside ``WORLD_SIZE``, checked by name before joining a group.
 
-def tp_size() -> int:
-    """The tensor-parallel world size (1 without a process group)."""
-    simulated = _SIMULATED.get()
-    if simulated is not None:
-        return simulated[1]
-    return _group_size()
+    ``torch.distributed`` reports a missing or malformed one as a bare ``ValueError`` (or waits for a
+    rendezvous that never comes); a process started by hand with ``WORLD_SIZE=2`` is a user's error.
+    """
+    for name in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
+        if not environ.get(name, "").strip():
+            raise ConfigError(f"WORLD_SIZE={world} but {name} is not set; launch with torchrun, which sets RANK, "
+                              "LOCAL_RANK, MASTER_ADDR and MASTER_PORT for each process")
+        if name == "RANK" and (rank := _env_integer(environ, "RANK")) >= world:
+            raise ConfigError(f"RANK={rank} is outside the {world} processes of WORLD_SIZE={world}")
+    _env_integer(environ, "MASTER_PORT", minimum=1)
+    if "LOCAL_RANK" in environ:
+        _env_integer(environ, "LOCAL_RANK")
 
 
 @contextmanager
 def simulated_tp(rank: int, size: int) -> Iterator[None]:
-    """Make :func:`tp_rank` / :func:`tp_size` answer ``rank`` / ``size`` inside the block.
+    """Run the block in a load session that is rank ``rank`` of ``size``.
 
-    Only the answers change: collectives still run over the real group (none
-    in a single process, so they stay no-ops). Layers read rank and size when
-    they are constructed, so build them inside the block.
+    Only the session's rank and size change: collectives still run over the
+    real group (none in a single process, so they stay no-ops). Layers read
+    rank and size when they are constructed, so build them inside the block;
+    a load started inside it keeps this rank and size.
     """
+    import attrs
+
+    from .session import current_session, load_session
+
     if size < 1 or not 0 <= rank < size:
         raise ValueError(f"simulated rank {rank} is outside a tensor parallel group of size {size}")
-    token = _SIMULATED.set((rank, size))
-    try:
+    with load_session(attrs.evolve(current_session(), tp_rank=rank, tp_size=size)):
         yield
-    finally:
-        _SIMULATED.reset(token)
 
 
 def _needs_upcast(t: torch.Tensor) -> bool:
@@ -117,7 +137,7 @@ def _needs_upcast(t: torch.Tensor) -> bool:
 
 def all_reduce(t: torch.Tensor) -> torch.Tensor:
     """Sum ``t`` over all ranks (in place when possible) and return the sum."""
-    if _group_size() == 1:
+    if group_size() == 1:
         return t
     import torch
     import torch.distributed as dist
@@ -132,7 +152,7 @@ def all_reduce(t: torch.Tensor) -> torch.Tensor:
 
 def all_gather(t: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Concatenate every rank's ``t`` along ``dim`` in rank order (same shape on every rank)."""
-    world = _group_size()
+    world = group_size()
     if world == 1:
         return t
     import torch

@@ -99,6 +99,11 @@ def generate_greedy(model: nn.Module, bundle: TokenizerBundle, prompt: str, *, m
     import time
 
     prompt_ids = encode_prompt(bundle, prompt, chat=chat, system=system)
+    if not prompt_ids:
+        from .errors import UnsupportedError
+
+        raise UnsupportedError(f"--prompt {prompt!r} encodes to no tokens (and the tokenizer adds no BOS token); "
+                        "give a prompt with some text")
     start = time.perf_counter()
     out = list(greedy_tokens(model, prompt_ids, max_new_tokens, bundle.eos_token_ids))
     seconds = time.perf_counter() - start

@@ -51,11 +51,12 @@ log = logging.getLogger(__name__)
 
 
 def _host(host: PluginHost | None) -> PluginHost:
+    """``host`` if given, else the load session's (the process-wide one outside a load)."""
     if host is not None:
         return host
-    from .plugins import get_plugin_host
+    from .session import current_session
 
-    return get_plugin_host()
+    return current_session().plugin_host()
 
 
 @attrs.frozen
@@ -129,13 +130,13 @@ def load_tokenizer(source: Source, weight_format: WeightFormat, host: PluginHost
 
 def iter_weights(
     source: Source, weight_format: WeightFormat, options: LoadOptions, stats: ReadStats,
-    host: PluginHost | None = None,
+    host: PluginHost | None = None, model: nn.Module | None = None,
 ) -> WeightStream:
     """The owning plugin's lazy iterator; errors while iterating name the plugin (its stream is guarded)."""
     from .errors import UnsupportedError
 
     found = _first(_host(host).pm.hook.loader_iter_weights, source=source,
-                   weight_format=weight_format, options=options, stats=stats)
+                   weight_format=weight_format, options=options, stats=stats, model=model)
     if found is None:
         raise UnsupportedError(f"no installed plugin can read weights of format {weight_format.name!r}")
     return found.value  # type: ignore[no-any-return]

@@ -103,7 +103,7 @@ def loader_load_tokenizer(source: Source, weight_format: WeightFormat) -> Tokeni
 
 @hookspec(firstresult=True)
 def loader_iter_weights(
-    source: Source, weight_format: WeightFormat, options: LoadOptions, stats: ReadStats
+    source: Source, weight_format: WeightFormat, options: LoadOptions, stats: ReadStats, model: nn.Module
 ) -> WeightStream | None:
     """Yield the checkpoint's tensors lazily, as ``(name, CheckpointTensor)`` pairs.
 
@@ -111,7 +111,9 @@ def loader_iter_weights(
     ``weight_format.name`` answers. Handles must not be read before the
     model's weight loaders narrow them, so a TP rank reads only its own bytes;
     each read adds to ``stats``. Names are in the Hugging Face convention the
-    model's ``load_weights`` maps from.
+    model's ``load_weights`` maps from, unless the format says it holds the
+    model's own parameter names (:attr:`~loader.checkpoint.WeightFormat.parameter_names`).
+    The load's rank, size, dtype and device are :func:`loader.session.current_session`'s.
 
     :param source: the resolved source.
     :param weight_format: the chosen format with the filtered files.
@@ -121,6 +123,8 @@ def loader_iter_weights(
         ``options.extra["headers_only"]`` is true when the caller reads only names,
         shapes and dtypes (``loader inspect``), so a streaming format need not fetch values.
     :param stats: counter of bytes read.
+    :param model: the model being loaded, built and given storage (the core's ``dummy``
+        format reads its parameter names and shapes; checkpoint formats need not take it).
     :returns: an iterator of name/tensor pairs, or ``None`` for a format this plugin does not own.
     """
 

@@ -36,8 +36,11 @@ def parse_dtype(value: Any) -> torch.dtype:
 
 @attrs.frozen
 class LoadOptions:
-    """Everything a load was asked to do, plus this process's place in TP.
+    """Everything a load was asked to do.
 
+    The rank, size, dtype and device of the load in progress are its session's
+    (:func:`loader.session.current_session`); ``dtype`` here is the request
+    (evolved to the resolved dtype once ``"auto"`` is read from the config).
     ``load_format`` is ``"auto"``, ``"dummy"`` or a format plugin's name;
     ``quantization`` a quantization plugin's method name or ``None`` to use what
     the checkpoint declares.
@@ -48,6 +51,4 @@ class LoadOptions:
     load_format: str = "auto"
     quantization: str | None = None
     revision: str | None = None
-    tp_rank: int = 0
-    tp_size: int = 1
     extra: dict[str, Any] = attrs.field(factory=dict, eq=False, hash=False)

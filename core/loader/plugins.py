@@ -25,6 +25,7 @@ import attrs
 import pluggy
 
 from . import hookspecs
+from .errors import ConfigError
 from .plugin_guard import GuardedPlugin
 
 __all__ = [
@@ -41,6 +42,8 @@ CORE_PLUGINS = (
     ("core.sources", "loader.sources.builtin"),
     ("core.hf_files", "loader.hf_files"),
     ("core.postprocess", "loader.pipeline.postprocess"),
+    ("core.dummy", "loader.formats.dummy"),
+    ("core.sharded_state", "loader.formats.sharded_state"),
 )
 
 Status = Literal["loaded", "failed", "blocked"]
@@ -85,6 +88,11 @@ class PluginHost:
             name=name, distribution=distribution, version=version, status="loaded",
             hooks=_hooks_of(self.pm, view),
         )
+
+    def get_plugin(self, name: str) -> object | None:
+        """The plugin object registered under ``name`` (not pluggy's guarded view of it), or ``None``."""
+        view = self.pm.get_plugin(name)
+        return view.plugin if isinstance(view, GuardedPlugin) else view
 
     def unregister(self, name: str) -> None:
         self.pm.unregister(name=name)
@@ -132,8 +140,24 @@ def _core_version() -> str | None:
         return None
 
 
+def _check_allow_list(allow: set[str] | None, installed: set[str]) -> None:
+    """A name in ``LOADER_PLUGINS`` that no installed plugin has is a typo or a missing install: say so.
+
+    Left alone, it blocks every plugin but the ones spelled right, and the load then fails far away
+    ("no weight files any installed format plugin recognises").
+    """
+    unknown = sorted((allow or set()) - installed - {name for name, _ in CORE_PLUGINS})
+    if unknown:
+        raise ConfigError(
+            f"LOADER_PLUGINS names {', '.join(repr(n) for n in unknown)}, which no installed plugin is called; "
+            f"installed: {', '.join(sorted(installed)) or 'none'} (set LOADER_PLUGINS to an empty string to "
+            "load none)"
+        )
+
+
 def _load_entry_points(host: PluginHost, *, allow: set[str] | None, deny: set[str]) -> None:
     eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    _check_allow_list(allow, {ep.name for ep in eps})
     seen: set[str] = set()
     for ep in sorted(eps, key=lambda e: e.name):
         if ep.name in seen:
@@ -157,7 +181,10 @@ _host_lock = threading.Lock()
 
 
 def get_plugin_host() -> PluginHost:
-    """The process-wide host, built on first use."""
+    """The process-wide host, built on first use: the host of every load that names none.
+
+    A load's own host is its session's (:func:`loader.session.current_session`).
+    """
     global _host
     with _host_lock:
         if _host is None:
@@ -167,12 +194,11 @@ def get_plugin_host() -> PluginHost:
 
 @contextmanager
 def use_plugin_host(host: PluginHost) -> Iterator[PluginHost]:
-    """Make ``host`` the process-wide host for the duration (tests use fresh ones)."""
-    global _host
-    with _host_lock:
-        previous, _host = _host, host
-    try:
+    """Make ``host`` the load session's host for the block (this thread only; tests use fresh ones).
+
+    Nothing process-wide changes: another thread keeps its own session's host.
+    """
+    from .session import current_session, load_session
+
+    with load_session(attrs.evolve(current_session(), host=host)):
         yield host
-    finally:
-        with _host_lock:
-            _host = previous

@@ -1,4 +1,4 @@
-"""loader.distributed in one process: defaults, simulated ranks, no-op collectives, divide."""
+"""loader.distributed in one process: defaults, simulated ranks (the session's), no-op collectives, divide."""
 
 from __future__ import annotations
 
@@ -7,19 +7,25 @@ import torch
 
 from loader import distributed
 from loader.errors import UnsupportedError
+from loader.session import current_session
+
+
+def _rank_size() -> tuple[int, int]:
+    session = current_session()
+    return session.tp_rank, session.tp_size
 
 
 def test_defaults_without_a_process_group():
-    assert (distributed.tp_rank(), distributed.tp_size()) == (0, 1)
+    assert _rank_size() == (0, 1)
 
 
 def test_simulated_tp_nests_and_restores():
     with distributed.simulated_tp(1, 4):
-        assert (distributed.tp_rank(), distributed.tp_size()) == (1, 4)
+        assert _rank_size() == (1, 4)
         with distributed.simulated_tp(0, 2):
-            assert (distributed.tp_rank(), distributed.tp_size()) == (0, 2)
-        assert (distributed.tp_rank(), distributed.tp_size()) == (1, 4)
-    assert (distributed.tp_rank(), distributed.tp_size()) == (0, 1)
+            assert _rank_size() == (0, 2)
+        assert _rank_size() == (1, 4)
+    assert _rank_size() == (0, 1)
 
 
 @pytest.mark.parametrize(("rank", "size"), [(2, 2), (-1, 2), (0, 0)])
@@ -54,7 +60,7 @@ def test_init_distributed_keeps_an_existing_group(monkeypatch, tmp_path):
     try:
         monkeypatch.setenv("WORLD_SIZE", "2")
         distributed.init_distributed()  # would block waiting for a peer if it initialised again
-        assert dist.is_initialized() and distributed.tp_size() == 1
+        assert dist.is_initialized() and current_session().tp_size == 1
         t = torch.ones(3, dtype=torch.bfloat16)
         assert torch.equal(distributed.all_reduce(t), t)
     finally:

@@ -11,6 +11,7 @@ import pytest
 import loader
 from loader import plugins
 from loader.plugins import create_plugin_host
+from loader.session import current_session
 
 
 class _FakeDist:
@@ -102,10 +103,24 @@ def test_use_plugin_host_swaps_and_restores() -> None:
     first = create_plugin_host(load_entry_points=False)
     second = create_plugin_host(load_entry_points=False)
     with plugins.use_plugin_host(first):
-        assert plugins.get_plugin_host() is first
+        assert current_session().plugin_host() is first
         with plugins.use_plugin_host(second):
-            assert plugins.get_plugin_host() is second
-        assert plugins.get_plugin_host() is first
+            assert current_session().plugin_host() is second
+        assert current_session().plugin_host() is first
+    assert current_session().host is None
+
+
+def test_use_plugin_host_is_this_threads_only() -> None:
+    """The session's host is not process-wide: another thread keeps the default host."""
+    import threading
+
+    first = create_plugin_host(load_entry_points=False)
+    seen: list[object] = []
+    with plugins.use_plugin_host(first):
+        thread = threading.Thread(target=lambda: seen.append(current_session().host))
+        thread.start()
+        thread.join()
+    assert seen == [None]
 
 
 def test_importing_loader_does_not_import_torch() -> None:

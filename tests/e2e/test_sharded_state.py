@@ -81,3 +81,17 @@ def test_tp2_sharded_state_matches_full_checkpoint(llama_checkpoint: Path, tmp_p
         assert report_sharded["load_format"] == "sharded_state"
         assert len(report_sharded["files"]) == 1
         assert report_sharded["bytes_read"] <= 0.55 * report_full["checkpoint_bytes"]
+
+
+def test_sharded_state_loads_without_any_safetensors_plugin(llama_checkpoint: Path, tmp_path: Path) -> None:
+    """The core reads its own part files: no plugin serving the 'safetensors' format is needed."""
+    from loader.plugins import create_plugin_host
+
+    save_sharded(str(llama_checkpoint), tmp_path / "own", tp_size=1, dtype="float32")
+    host = create_plugin_host(environ={"LOADER_DISABLE_PLUGINS": "safetensors"})
+    assert host.records["safetensors"].status == "blocked"
+    sharded, report = loader.load_model_with_report(str(tmp_path / "own"), dtype="float32", host=host)
+    full = loader.load_model(str(llama_checkpoint), dtype="float32")
+    assert report.load_format == "sharded_state" and report.bytes_read > 0
+    ids = torch.tensor([[1, 2, 3, 250]])
+    assert torch.equal(sharded(ids), full(ids))

@@ -18,6 +18,7 @@ from loader.cli.main import main
 from tests.reliability import (
     test_corpus_bnb,
     test_corpus_config,
+    test_corpus_contract,
     test_corpus_gguf,
     test_corpus_pickle,
     test_corpus_safetensors,
@@ -30,6 +31,7 @@ ALL_CASES: list[CorpusCase] = [
     *test_corpus_pickle.CASES,
     *test_corpus_gguf.CASES,
     *test_corpus_bnb.CASES,
+    *test_corpus_contract.CASES,
 ]
 
 SUBPROCESS_CASES = ("truncated-mid-tensor", "hidden-size-not-integer", "bin-runs-code-zip", "gguf-wrong-magic",

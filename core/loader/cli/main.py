@@ -8,6 +8,7 @@ with ``--debug``.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -21,6 +22,17 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"error: {message} (see '{self.prog} --help')\n")
         raise SystemExit(EXIT_USER_ERROR)
+
+
+def _positive_gigabytes(text: str) -> float:
+    """``--max-part-gb``: a finite number above zero (``nan`` and ``inf`` parse as floats, and must not)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of GB, found {text!r}")
+    return value
 
 
 def _add_load_args(p: argparse.ArgumentParser) -> None:
@@ -64,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--format", default="auto")
     p.add_argument("--revision", default=None)
-    p.add_argument("--max-part-gb", type=float, default=5.0, help="largest part file (GB, default 5)")
+    p.add_argument("--max-part-gb", type=_positive_gigabytes, default=5.0, help="largest part file (GB, default 5)")
     p.add_argument("--json", action="store_true")
     return parser
 
@@ -112,10 +124,24 @@ def _configure_logging(debug: bool) -> None:
     logging.captureWarnings(not debug)
 
 
+def _escape_unencodable_output() -> None:
+    """Print what the terminal cannot encode as escapes instead of failing on it.
+
+    Names and paths come from checkpoints and file systems: a config's architecture can hold a lone surrogate
+    (JSON allows ``"\\udc80"``) and a non-UTF-8 file name decodes to one, which a strict UTF-8 stdout refuses
+    with ``UnicodeEncodeError`` halfway through a table or the one ``error:`` line.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``loader`` console script."""
     from ..errors import LoadError
 
+    _escape_unencodable_output()
     args = build_parser().parse_args(argv)
     _configure_logging(args.debug)
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..session import current_session
 from .default_loader import default_weight_loader
 from .param_layout import ParamLayout, set_param_layout
 
@@ -27,7 +28,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.hidden_size = hidden_size
         self.eps = eps
-        dtype = params_dtype if params_dtype is not None else torch.get_default_dtype()
+        dtype = params_dtype if params_dtype is not None else current_session().dtype
         weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
         set_param_layout(weight, ParamLayout(weight_loader=default_weight_loader))
         self.weight = weight

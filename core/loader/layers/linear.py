@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from .. import distributed
+from ..session import current_session
 from .param_layout import ParamLayout, set_param_layout
 from .quantization import LinearMethodBase, linear_method_for
 from .shard_loading import OutputPart, ShardedWeightLoading, ShardId
@@ -67,11 +68,12 @@ class LinearBase(ShardedWeightLoading, nn.Module):
         super().__init__()
         self.input_size = input_size
         self.output_size = output_size
-        self.params_dtype = params_dtype if params_dtype is not None else torch.get_default_dtype()
+        session = current_session()
+        self.params_dtype = params_dtype if params_dtype is not None else session.dtype
         self.quant_config = quant_config
         self.prefix = prefix
-        self.tp_rank = distributed.tp_rank()
-        self.tp_size = distributed.tp_size()
+        self.tp_rank = session.tp_rank
+        self.tp_size = session.tp_size
 
     def _label(self, field: str) -> str:
         return f"{self.prefix or type(self).__name__} {field}"
@@ -223,7 +225,7 @@ class QKVParallelLinear(ColumnParallelLinear):
     ) -> None:
         from ..errors import UnsupportedError
 
-        tp = distributed.tp_size()
+        tp = current_session().tp_size
         total_num_kv_heads = total_num_heads if total_num_kv_heads is None else total_num_kv_heads
         self.hidden_size = hidden_size
         self.head_size = head_size

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import UnsupportedError
+from ..errors import ConfigError, UnsupportedError
 
 __all__ = ["ROPE_SCALING_FIELDS", "RotaryEmbedding", "get_rope"]
 
@@ -180,6 +180,10 @@ def get_rope(
     if missing:
         raise UnsupportedError(f"rope_scaling of type {scaling_type!r} lacks {', '.join(missing)}")
     if rotary_dim is None:
-        factor = float(scaling.get("partial_rotary_factor", partial_rotary_factor))
+        factor = scaling.get("partial_rotary_factor", partial_rotary_factor)
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor <= 1:
+            # also NaN and Infinity, which json reads: int(head_size * inf) is a bare OverflowError
+            raise ConfigError(f"rope_scaling field 'partial_rotary_factor' must be a number in (0, 1], "
+                              f"found {factor!r}")
         rotary_dim = int(head_size * factor)
     return RotaryEmbedding(head_size, rotary_dim, max_position, base, scaling_type, scaling)

@@ -17,6 +17,7 @@ from torch import nn
 
 from .. import distributed
 from ..mapped_parameters import fill_parameter
+from ..session import current_session
 from .default_loader import check_shape
 from .param_layout import ParamLayout, layout_of, set_param_layout
 
@@ -51,10 +52,11 @@ class VocabParallelEmbedding(nn.Module):
         super().__init__()
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
-        self.params_dtype = params_dtype if params_dtype is not None else torch.get_default_dtype()
+        session = current_session()
+        self.params_dtype = params_dtype if params_dtype is not None else session.dtype
         self.prefix = prefix
-        self.tp_rank = distributed.tp_rank()
-        self.tp_size = distributed.tp_size()
+        self.tp_rank = session.tp_rank
+        self.tp_size = session.tp_size
         self.num_embeddings_padded = pad_vocab_size(num_embeddings, padding_size * self.tp_size)
         self.num_embeddings_per_partition = self.num_embeddings_padded // self.tp_size
         self.vocab_start = self.tp_rank * self.num_embeddings_per_partition

@@ -31,10 +31,13 @@ from ..context import ModelContext
 from ..errors import ConfigError, LoadError, PluginError, UnsupportedError
 from ..mapped_parameters import background_population
 from ..options import LoadOptions, parse_dtype
-from ..plugins import PluginHost, use_plugin_host
+from ..plugins import PluginHost
+from ..session import LoadSession, current_session, load_session
 from ..weights import CheckpointTensor, ReadStats
 from .budget import check_fits
-from .materialize import default_dtype, materialize, parameter_bytes
+from .by_name import load_by_name
+from .factory_dtype import factory_dtype
+from .materialize import materialize, parameter_bytes
 from .prepare import PreparedCheckpoint, prepare_checkpoint
 from .verify import check_all_filled, reject_duplicates
 
@@ -120,11 +123,16 @@ def _resolve_device(value: str | torch.device) -> torch.device:
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise UnsupportedError(f"device {value!r} asked for, but CUDA is not available")
-        if device.index is None and distributed.tp_size() > 1:
+        session = current_session()
+        if device.index is None and session.tp_size > 1:
             import os
 
-            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", distributed.tp_rank())))
-    elif device.type not in ("cpu", "meta"):
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", session.tp_rank)))
+    elif device.type == "meta":
+        # a model on 'meta' has shapes but no storage: nothing could be read into it, so nothing was loaded
+        raise UnsupportedError(f"device {str(value)!r} holds no data, so no weights can be loaded there; "
+                               "use 'cpu' or 'cuda[:N]'")
+    elif device.type != "cpu":
         raise UnsupportedError(f"device {value!r} is not supported; use 'cpu' or 'cuda[:N]'")
     return device
 
@@ -151,7 +159,7 @@ def build_options(
         extra["format_options"] = dict(format_options)
     return LoadOptions(
         dtype=parsed, device=resolved_device, load_format=load_format, quantization=quantization,
-        revision=revision, tp_rank=distributed.tp_rank(), tp_size=distributed.tp_size(), extra=extra,
+        revision=revision, extra=extra,
     )
 
 
@@ -174,17 +182,6 @@ def _with_progress(
     return iter(tqdm(stream, desc="loading", unit="tensor", leave=False, file=sys.stderr))
 
 
-def _fill_dummy(model: nn.Module) -> set[str]:
-    generator = torch.Generator(device="cpu").manual_seed(0)
-    names = set()
-    for name, param in model.named_parameters():
-        values = torch.empty(param.shape, dtype=torch.float32).uniform_(-1e-3, 1e-3, generator=generator)
-        with torch.no_grad():
-            param.data.copy_(values.to(param.dtype) if param.is_floating_point() else values.to(torch.int64))
-        names.add(name)
-    return names
-
-
 def _build(prepared: PreparedCheckpoint, options: LoadOptions, dtype: torch.dtype,
            host: PluginHost | None) -> tuple[str, nn.Module, Any]:
     from ..registry import get_registry
@@ -198,10 +195,9 @@ def _build(prepared: PreparedCheckpoint, options: LoadOptions, dtype: torch.dtyp
             quant_config.set_packed_modules(inspect_model_class(arch, cls).packed_modules())
         except ModelInfoError as exc:
             raise PluginError(f"model class for {arch}: {exc}") from exc
-    ctx = ModelContext(hf_config=prepared.hf_config, dtype=dtype, quant_config=quant_config,
-                       tp_rank=options.tp_rank, tp_size=options.tp_size)
+    ctx = ModelContext(hf_config=prepared.hf_config, dtype=dtype, quant_config=quant_config)
     try:
-        with default_dtype(dtype), torch.device("meta"):
+        with factory_dtype(dtype), torch.device("meta"):
             model = cls(ctx)
     except LoadError:
         raise
@@ -221,6 +217,17 @@ def _guard_quantization_stream(method: str, stream: Iterable[tuple[str, Checkpoi
         raise
     except Exception as exc:
         raise PluginError(f"quantization {method!r} failed in wrap_weights: {type(exc).__name__}: {exc}") from exc
+
+
+def _guard_renaming(format_name: str, stream: Iterable[tuple[str, CheckpointTensor]]
+                    ) -> Iterator[tuple[str, CheckpointTensor]]:
+    """Pass a format's renamed stream through; a bug in its renaming becomes a :class:`PluginError`."""
+    try:
+        yield from stream
+    except LoadError:
+        raise
+    except Exception as exc:
+        raise PluginError(f"renaming of format {format_name!r} failed: {type(exc).__name__}: {exc}") from exc
 
 
 def _load_weights(model: nn.Module, stream: Iterator[tuple[str, CheckpointTensor]], arch: str) -> set[str]:
@@ -245,70 +252,68 @@ def load_model_with_report(
     options = build_options(dtype=dtype, device=device, load_format=load_format, quantization=quantization,
                             revision=revision, quantization_options=quantization_options,
                             format_options=format_options)
-    with _collector_paused():
-        if host is not None:
-            with use_plugin_host(host):
-                return _load(source, options, dtype, progress, start, host)
-        return _load(source, options, dtype, progress, start, None)
+    outer = current_session()  # a simulated rank (save-sharded, tests) carries over
+    session = LoadSession(host=host if host is not None else outer.host, tp_rank=outer.tp_rank,
+                          tp_size=outer.tp_size, dtype=options.dtype, device=options.device)
+    with _collector_paused(), load_session(session):
+        return _load(source, options, dtype, progress, start, session.host)
 
 
 def _load(source: str, options: LoadOptions, dtype_arg: Any, progress: bool, start: float,
           host: PluginHost | None) -> tuple[nn.Module, LoadReport]:
-    model: nn.Module | None = None
     try:
         prepared = prepare_checkpoint(source, options, host)
         dtype = _resolve_dtype(dtype_arg, prepared.hf_config)
         options = attrs.evolve(options, dtype=dtype)
-        arch, model, quant_config = _build(prepared, options, dtype, host)
-        check_fits(parameter_bytes(model), options.device, f"{prepared.source.display()} ({arch})")
-        materialize(model, options.device)
-        stats = ReadStats()
-        totals = [0, 0]
-        # sharded state (the core's, or a plugin's that marks its format load_by_name) holds parameters by
-        # name, already cut for this rank and post-processed
-        sharded = prepared.weight_format.name == "sharded_state" or bool(
-            prepared.weight_format.extra.get("load_by_name"))
-        if prepared.weight_format.name == "dummy":
-            loaded = _fill_dummy(model)
-        else:
-            # the core's sharded state is safetensors files read by the safetensors plugin
-            read_as = prepared.weight_format
-            if read_as.name == "sharded_state":
-                read_as = attrs.evolve(read_as, name="safetensors")
-            stream = reject_duplicates(hooks.iter_weights(prepared.source, read_as, options, stats, host))
-            if quant_config is not None and not sharded:
-                stream = _guard_quantization_stream(quant_config.name, quant_config.wrap_weights(stream))
-            stream = _with_progress(_counting(stream, totals), progress)
-            if sharded:
-                from ..sharded.direct_load import load_by_name
-
-                with torch.no_grad(), background_population():
-                    loaded = load_by_name(model, stream)
-            else:
-                loaded = _load_weights(model, stream, arch)
-        check_all_filled(model, loaded, prepared.source.display())
-        if not sharded:
-            with torch.no_grad():
-                hooks.process_weights_after_loading(model, quant_config, options.device, host)
-        model.eval()
-        model.requires_grad_(False)
-        report = LoadReport(
-            source=prepared.source.display(), load_format=prepared.weight_format.name, architecture=arch,
-            files=prepared.weight_format.files, dtype=str(dtype).removeprefix("torch."),
-            device=str(options.device), quantization=quant_config.describe() if quant_config else None,
-            tp_rank=options.tp_rank, tp_size=options.tp_size, seconds=time.perf_counter() - start,
-            bytes_read=stats.bytes_read, bytes_mapped=stats.bytes_mapped, checkpoint_bytes=totals[0],
-            parameter_bytes=parameter_bytes(model),
-            peak_rss_bytes=_peak_rss_bytes(), tensors=totals[1],
-        )
-        return model, report
+        with load_session(attrs.evolve(current_session(), dtype=dtype)):
+            return _build_and_fill(prepared, options, progress, start, host)
     except BaseException as exc:
-        # Never hand out, or keep alive, a half-loaded model: drop our reference and the
-        # locals of the finished frames the traceback holds (load_weights' ``self``, ...).
-        model = None
+        # Never hand out, or keep alive, a half-loaded model: drop the locals of the
+        # finished frames the traceback holds (load_weights' ``self``, ...).
         traceback.clear_frames(exc.__traceback__)
         gc.collect()
         raise
+
+
+def _build_and_fill(prepared: PreparedCheckpoint, options: LoadOptions, progress: bool, start: float,
+                    host: PluginHost | None) -> tuple[nn.Module, LoadReport]:
+    """Steps 2-4 and verification, inside the session that carries the resolved dtype."""
+    dtype = options.dtype
+    arch, model, quant_config = _build(prepared, options, dtype, host)
+    check_fits(parameter_bytes(model), options.device, f"{prepared.source.display()} ({arch})")
+    materialize(model, options.device)
+    stats = ReadStats()
+    totals = [0, 0]
+    weight_format = prepared.weight_format
+    stream = hooks.iter_weights(prepared.source, weight_format, options, stats, host, model)
+    if weight_format.renaming is not None:
+        stream = _guard_renaming(weight_format.name, weight_format.renaming(stream, prepared.hf_config))
+    stream = reject_duplicates(stream)  # after renaming: two names for one tensor are one name twice
+    if quant_config is not None and not weight_format.parameter_names:
+        stream = _guard_quantization_stream(quant_config.name, quant_config.wrap_weights(stream))
+    stream = _with_progress(_counting(stream, totals), progress)
+    if weight_format.parameter_names:
+        with torch.no_grad(), background_population():
+            loaded = load_by_name(model, stream)
+    else:
+        loaded = _load_weights(model, stream, arch)
+    check_all_filled(model, loaded, prepared.source.display())
+    if not weight_format.post_processed:
+        with torch.no_grad():
+            hooks.process_weights_after_loading(model, quant_config, options.device, host)
+    model.eval()
+    model.requires_grad_(False)
+    report = LoadReport(
+        source=prepared.source.display(), load_format=prepared.weight_format.name, architecture=arch,
+        files=prepared.weight_format.files, dtype=str(dtype).removeprefix("torch."),
+        device=str(options.device), quantization=quant_config.describe() if quant_config else None,
+        tp_rank=current_session().tp_rank, tp_size=current_session().tp_size,
+        seconds=time.perf_counter() - start,
+        bytes_read=stats.bytes_read, bytes_mapped=stats.bytes_mapped, checkpoint_bytes=totals[0],
+        parameter_bytes=parameter_bytes(model),
+        peak_rss_bytes=_peak_rss_bytes(), tensors=totals[1],
+    )
+    return model, report
 
 
 def load_model(

@@ -15,28 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import mmap
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 from torch import nn
 
 from ..mapped_parameters import mapping_enabled, min_map_bytes, own_region, region_budget
 
-__all__ = ["default_dtype", "materialize", "parameter_bytes"]
+__all__ = ["materialize", "parameter_bytes"]
 
 _ALIGN = 64  # bytes; every tensor starts on a cache line
-
-
-@contextmanager
-def default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    """Make ``dtype`` torch's default for the duration (layers create parameters in it)."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def _tensors(model: nn.Module) -> list[tuple[list[tuple[nn.Module, str]], torch.Tensor, bool]]:

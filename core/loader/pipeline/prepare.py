@@ -1,7 +1,8 @@
 """Step 1 of the pipeline: from what the user passed to a format, its files and a config.
 
 Resolve the source, let the format plugins choose a format, then apply the
-rules that hold for every format: keep only the files the index's
+rules that hold for every format and every source (a remote one's index is
+read through its reader, :mod:`.remote_index`): keep only the files the index's
 ``weight_map`` names (failing if the index names one that is missing or points
 outside the model folder), drop training artifacts and ``original/**``, and
 fail if nothing is left.
@@ -21,7 +22,9 @@ from ..checkpoint import Source, WeightFormat
 from ..errors import CheckpointFormatError, ConfigError, SourceNotFoundError
 from ..hf_files import read_json_object
 from ..options import LoadOptions
-from ..plugins import PluginHost
+from ..plugins import PluginHost, use_plugin_host
+from ..session import current_session
+from .remote_index import filter_by_remote_index
 
 __all__ = ["PreparedCheckpoint", "filter_weight_files", "is_training_artifact", "prepare_checkpoint"]
 
@@ -104,7 +107,13 @@ def _index_files(index_path: Path, folder: Path) -> set[Path]:
 
 
 def filter_weight_files(source: Source, weight_format: WeightFormat) -> WeightFormat:
-    """Apply the index, drop training artifacts and ``original/**``; fail if nothing is left."""
+    """Apply the index, drop training artifacts and ``original/**``; fail if nothing is left.
+
+    A format that lists no files at all (``dummy`` on a folder holding only a
+    config) needs none and passes through.
+    """
+    if not weight_format.files and weight_format.index is None:
+        return weight_format
     folder = source.directory
     files = [f for f in weight_format.files if not is_training_artifact(f) and not _in_original(folder, f)]
     if weight_format.index is not None and folder is not None:
@@ -118,6 +127,8 @@ def filter_weight_files(source: Source, weight_format: WeightFormat) -> WeightFo
                 f"{weight_format.index}: the index names shard(s) the {weight_format.name} format did not "
                 f"list: {', '.join(absent)}"
             )
+    elif weight_format.index is not None and source.reader is not None:
+        files = filter_by_remote_index(source, weight_format, files)
     if not files:
         raise SourceNotFoundError(
             f"{source.display()}: no {weight_format.name} weight files left after filtering "
@@ -126,38 +137,16 @@ def filter_weight_files(source: Source, weight_format: WeightFormat) -> WeightFo
     return attrs.evolve(weight_format, files=tuple(files))
 
 
-def _sharded_state_format(source: Source, options: LoadOptions) -> WeightFormat | None:
-    """This rank's files when the source is a sharded-state folder (asked for, or marked as one)."""
-    from ..sharded.layout import MARKER, rank_files, read_layout
-
-    if options.load_format not in ("auto", "sharded_state") or source.directory is None:
-        return None
-    layout = read_layout(source.directory)
-    if layout is None:
-        if options.load_format == "sharded_state":
-            raise SourceNotFoundError(
-                f"{source.display()}: load_format 'sharded_state' needs a folder written by "
-                f"'loader save-sharded' (no {MARKER})"
-            )
-        return None
-    files = rank_files(source.directory, layout, options.tp_rank, options.tp_size)
-    return WeightFormat(name="sharded_state", files=files)
-
-
 def prepare_checkpoint(location: str, options: LoadOptions, host: PluginHost | None = None) -> PreparedCheckpoint:
-    """Resolve, detect, filter and read the config: step 1 of every load."""
+    """Resolve, detect, filter and read the config: step 1 of every load.
+
+    Runs in a session whose host is ``host`` (when given), so a plugin that calls
+    back into the hooks (the core's ``dummy`` format) reaches the same plugins.
+    """
+    if host is not None and current_session().host is not host:
+        with use_plugin_host(host):
+            return prepare_checkpoint(location, options, host)
     source = hooks.resolve_source(location, options, host)
-    sharded = _sharded_state_format(source, options)
-    if sharded is not None:
-        hf_config = hooks.read_config(source, sharded, host)
-        return PreparedCheckpoint(source=source, weight_format=sharded, hf_config=hf_config)
-    if options.load_format == "dummy":
-        try:
-            weight_format = hooks.detect_format(source, "auto", host)
-        except SourceNotFoundError:
-            weight_format = WeightFormat(name="dummy", files=())
-        weight_format = attrs.evolve(weight_format, name="dummy")
-    else:
-        weight_format = filter_weight_files(source, hooks.detect_format(source, options.load_format, host))
+    weight_format = filter_weight_files(source, hooks.detect_format(source, options.load_format, host))
     hf_config = hooks.read_config(source, weight_format, host)
     return PreparedCheckpoint(source=source, weight_format=weight_format, hf_config=hf_config)

@@ -15,14 +15,19 @@ _SHOWN = 20
 
 
 def reject_duplicates(stream: Iterable[tuple[str, CheckpointTensor]]) -> Iterator[tuple[str, CheckpointTensor]]:
-    """Pass the stream through, failing if a tensor name comes twice (e.g. in two shards)."""
+    """Pass the stream through, failing if a tensor name comes twice (e.g. in two shards).
+
+    Runs after a format's renaming, so a tensor stored under two names that
+    rename to one (Mistral's ``layers.0.attention.wq.weight`` beside
+    ``model.layers.0.self_attn.q_proj.weight``) is caught; the message then
+    gives each stored name.
+    """
     seen: dict[str, str] = {}
     for name, tensor in stream:
+        where = tensor.file if tensor.name in (name, "<memory>") else f"{tensor.file} (stored as {tensor.name!r})"
         if name in seen:
-            raise CheckpointFormatError(
-                f"tensor {name!r} appears twice: in {seen[name]} and in {tensor.file}"
-            )
-        seen[name] = tensor.file
+            raise CheckpointFormatError(f"tensor {name!r} appears twice: in {seen[name]} and in {where}")
+        seen[name] = where
         yield name, tensor
 
 

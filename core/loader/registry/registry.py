@@ -205,11 +205,11 @@ _registries_lock = threading.Lock()
 
 
 def get_registry(host: PluginHost | None = None) -> ModelRegistry:
-    """The registry of ``host`` (default: the process-wide host), built once per host object."""
+    """The registry of ``host`` (default: the load session's host), built once per host object."""
     if host is None:
-        from ..plugins import get_plugin_host
+        from ..session import current_session
 
-        host = get_plugin_host()
+        host = current_session().plugin_host()
     key = id(host)
     with _registries_lock:
         found = _registries.get(key)

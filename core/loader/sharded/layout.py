@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import attrs
 
 from ..errors import CheckpointFormatError, UnsupportedError
 
-__all__ = ["MARKER", "ShardedLayout", "part_file_name", "rank_files", "read_layout"]
+__all__ = ["MARKER", "ShardedLayout", "part_file_name", "rank_files", "read_layout", "validate_marker"]
 
 MARKER = "sharded_state.json"
 _PART = re.compile(r"^model-rank-(\d+)-part-(\d+)\.safetensors$")
@@ -41,13 +42,28 @@ def read_layout(folder: Path) -> ShardedLayout | None:
         return None
     from ..hf_files import read_json_object
 
-    data = read_json_object(path, MARKER)
-    try:
-        return ShardedLayout(tp_size=int(data["tp_size"]), dtype=str(data["dtype"]),
-                             architecture=str(data["architecture"]),
-                             loader_version=data.get("loader_version"))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointFormatError(f"{path}: marker is missing or has a bad field: {exc}") from exc
+    return validate_marker(path, read_json_object(path, MARKER))
+
+
+def validate_marker(path: Path, data: Mapping[str, Any]) -> ShardedLayout:
+    """The marker's fields, each checked by name: ``int(...)`` would take ``1.9`` and ``true`` as 1 and
+    fail on ``Infinity`` with a bare ``OverflowError``."""
+
+    def field(name: str, kinds: type | tuple[type, ...], expected: str, *, required: bool = True) -> Any:
+        value = data.get(name)
+        if value is None and not required:
+            return None
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            found = "nothing" if name not in data else json.dumps(value)[:80]  # as the file spells it
+            raise CheckpointFormatError(f"{path}: field {name!r} must be {expected}, found {found}")
+        return value
+
+    tp_size = field("tp_size", int, "a positive integer")
+    if tp_size < 1:
+        raise CheckpointFormatError(f"{path}: field 'tp_size' must be a positive integer, found {tp_size}")
+    return ShardedLayout(tp_size=tp_size, dtype=field("dtype", str, "a dtype name"),
+                         architecture=field("architecture", str, "an architecture name"),
+                         loader_version=field("loader_version", str, "a version string", required=False))
 
 
 def rank_files(folder: Path, layout: ShardedLayout, rank: int, tp_size: int) -> tuple[str, ...]:

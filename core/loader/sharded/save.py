@@ -71,6 +71,16 @@ def _copy_side_files(source_dir: Path | None, out: Path) -> None:
                 shutil.copy2(path, out / path.name)
 
 
+def _create_output_folder(folder: Path) -> None:
+    """Create ``folder`` (it may exist, empty); a folder that cannot be made is the user's error, named."""
+    try:
+        if folder.exists() and any(folder.iterdir()):
+            raise SourceNotFoundError(f"{folder}: output folder exists and is not empty")
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UnsupportedError(f"{folder}: cannot create the output folder ({exc.strerror or exc})") from exc
+
+
 def save_sharded(source: str, out: str | Path, *, tp_size: int, dtype: Any = "bfloat16",
                  load_format: str = "auto", max_part_bytes: int = DEFAULT_MAX_PART_BYTES,
                  revision: str | None = None) -> SavedShards:
@@ -80,10 +90,10 @@ def save_sharded(source: str, out: str | Path, *, tp_size: int, dtype: Any = "bf
 
     if tp_size < 1:
         raise UnsupportedError(f"--tp must be at least 1, found {tp_size}")
+    if isinstance(max_part_bytes, bool) or not isinstance(max_part_bytes, int) or max_part_bytes < 1:
+        raise UnsupportedError(f"max_part_bytes must be a positive integer, found {max_part_bytes!r}")
     folder = Path(out)
-    if folder.exists() and any(folder.iterdir()):
-        raise SourceNotFoundError(f"{folder}: output folder exists and is not empty")
-    folder.mkdir(parents=True, exist_ok=True)
+    _create_output_folder(folder)
     files: list[str] = []
     written = 0
     hf_config: Mapping[str, Any] = {}

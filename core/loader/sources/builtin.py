@@ -6,10 +6,12 @@ URI schemes (``s3://``) answer first.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 from ..checkpoint import Source
+from ..errors import SourceNotFoundError
 from ..hookspecs import hookimpl
 from ..options import LoadOptions
 
@@ -23,10 +25,38 @@ def looks_like_hub_id(location: str) -> bool:
     return bool(_HUB_ID.match(location)) and ".." not in location and not location.endswith(".gguf")
 
 
+def _exists_and_is_readable(path: Path) -> bool:
+    """Whether ``path`` exists; if it cannot be reached, listed, searched or read, a :class:`SourceNotFoundError`.
+
+    Found here, once, rather than as a bare ``PermissionError`` from whichever plugin first lists the
+    folder or stats a file in it (format detection, the sharded-state marker, the config reader).
+    """
+    step = "a parent folder cannot be searched"
+    try:
+        if not path.exists():
+            return False
+        if path.is_dir():
+            step = "the folder cannot be listed"
+            with os.scandir(path) as entries:
+                next(entries, None)
+            step = "the folder cannot be searched"
+            os.stat(os.path.join(path, "."))  # (pathlib would drop the ".")
+        else:
+            step = "the file cannot be read"
+            os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))  # non-blocking: a FIFO must not hang here
+    except PermissionError as exc:
+        raise SourceNotFoundError(f"{path}: permission denied ({step})") from exc
+    except OSError as exc:
+        if step.startswith("a parent"):  # exists() itself failed: a name too long for the file system, ...
+            raise SourceNotFoundError(f"{path}: not a usable path ({exc.strerror or exc})") from exc
+        # anything else (a socket cannot be opened) is the format or config reader's to report, as before
+    return True
+
+
 @hookimpl(trylast=True)
 def loader_resolve_source(location: str, options: LoadOptions) -> Source | None:
     path = Path(location).expanduser()
-    if path.exists():
+    if _exists_and_is_readable(path):
         return Source(location=location, path=path.resolve(), revision=options.revision)
     if "://" in location or location.startswith(("/", ".", "~")):
         return None

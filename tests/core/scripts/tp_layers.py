@@ -27,6 +27,7 @@ from loader.layers import (
     VocabParallelEmbedding,
 )
 from loader.layers.param_layout import weight_loader_of
+from loader.session import current_session
 from loader.weights import EagerTensor
 from tests.helpers.recording_tensor import RecordingTensor
 from tests.helpers.torchrun_exit import exit_rank
@@ -41,7 +42,8 @@ def load(param, tensor, shard_id=None):
 
 def main() -> int:
     distributed.init_distributed("cpu")
-    rank, size = distributed.tp_rank(), distributed.tp_size()
+    session = current_session()
+    rank, size = session.tp_rank, session.tp_size
     torch.manual_seed(0)
     # weights scaled like a trained model's (outputs of order one), so 1e-5 is a meaningful bound
     gate, up = torch.randn(INTER, HIDDEN) / HIDDEN**0.5, torch.randn(INTER, HIDDEN) / HIDDEN**0.5

@@ -23,7 +23,6 @@ def windowed_checkpoint(tmp_path_factory):
 def test_no_window_matches_transformers(tmp_path):
     reference = write_family_checkpoint("mistral", tmp_path)
     model = load(tmp_path)
-    assert not model.native_layout
     assert all(layer.self_attn.attn.sliding_window is None for layer in model.model.layers)
     assert_logits_match(model, reference)
 

@@ -11,7 +11,7 @@ from loader.errors import ConfigError, UnsupportedError
 from loader.hooks import read_config
 from loader.plugins import create_plugin_host
 from loader_plugin_mistral.model import parse_mistral_config
-from loader_plugin_mistral.native_config import NATIVE_LAYOUT_KEY, native_params_to_hf
+from loader_plugin_mistral.native_config import native_params_to_hf
 
 PARAMS = {"dim": 64, "n_layers": 2, "head_dim": 16, "hidden_dim": 128, "n_heads": 4, "n_kv_heads": 2,
           "norm_eps": 1e-5, "vocab_size": 256, "rope_theta": 1e6}
@@ -26,10 +26,10 @@ def _folder(tmp_path, params=PARAMS, *, config_json=False):
     return source, WeightFormat(name="safetensors", files=(str(tmp_path / "consolidated.safetensors"),))
 
 
-def test_translation_names_the_architecture_and_marks_the_layout():
+def test_translation_names_the_architecture_and_leaves_the_layout_to_the_format():
     config = native_params_to_hf({**PARAMS, "sliding_window": 4096, "tied_embeddings": True}, "params.json")
     assert config["architectures"] == ["MistralForCausalLM"]
-    assert config[NATIVE_LAYOUT_KEY] == "mistral-native"
+    assert "loader_checkpoint_layout" not in config  # the format renames, no config key triggers it
     parsed = parse_mistral_config(config)
     assert (parsed.hidden_size, parsed.num_hidden_layers, parsed.intermediate_size) == (64, 2, 128)
     assert (parsed.num_attention_heads, parsed.num_key_value_heads, parsed.head_dim) == (4, 2, 16)
@@ -42,14 +42,14 @@ def test_translation_names_the_architecture_and_marks_the_layout():
 def test_plugin_hook_answers_for_a_native_folder_before_the_core(tmp_path):
     source, fmt = _folder(tmp_path)
     config = read_config(source, fmt, create_plugin_host())
-    assert config[NATIVE_LAYOUT_KEY] == "mistral-native"
+    assert config["model_type"] == "mistral"
     assert config["num_key_value_heads"] == 2
 
 
 def test_folder_with_config_json_is_left_to_the_core(tmp_path):
     source, fmt = _folder(tmp_path, config_json=True)
     config = read_config(source, fmt, create_plugin_host())
-    assert NATIVE_LAYOUT_KEY not in config
+    assert config == {"architectures": ["MistralForCausalLM"]}
 
 
 def test_other_weight_files_are_not_claimed(tmp_path):

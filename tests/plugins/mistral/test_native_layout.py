@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from loader.checkpoint import Source
 from loader.context import ModelContext
 from loader.distributed import simulated_tp
 from loader_plugin_mistral.model import MistralForCausalLM
 from loader_plugin_mistral.native_config import read_native_config
-from loader_plugin_mistral.native_layout import native_to_hf_name
+from loader_plugin_mistral.native_layout import NativeNames, native_to_hf_name, native_weight_format
 from tests.helpers.eager_checkpoint import build_model, eager_weights
 from tests.helpers.hf_checkpoints import build_model as build_hf_model
 from tests.helpers.hf_checkpoints import tiny_config
@@ -51,9 +52,14 @@ def test_native_names_map_to_hugging_face_names(native, expected):
 
 def test_native_folder_logits_equal_the_hugging_face_twin(twins):
     native, _, reference = twins
-    model = load(native)
-    assert model.native_layout
-    assert_logits_match(model, reference)
+    detected = native_weight_format(Source(str(native), native), "auto")
+    assert detected is not None and isinstance(detected.renaming, NativeNames)
+    assert_logits_match(load(native), reference)
+
+
+def test_a_hugging_face_folder_is_not_native(twins):
+    _, hf, _ = twins
+    assert native_weight_format(Source(str(hf), hf), "auto") is None
 
 
 def test_native_folder_in_bfloat16(twins):
@@ -81,8 +87,29 @@ def test_each_rank_of_a_native_load_equals_the_same_rank_from_hf(twins, rank):
         from_native = MistralForCausalLM(ModelContext(hf_config=native_config, dtype=torch.float32))
         from_hf = build_model(MistralForCausalLM, hf)
         with torch.no_grad():
-            from_native.load_weights(eager_weights(native))
+            from_native.load_weights(NativeNames()(iter(eager_weights(native)), native_config))
             from_hf.load_weights(eager_weights(hf))
     native_params = dict(from_native.named_parameters())
     for name, param in from_hf.named_parameters():
         assert torch.equal(native_params[name], param), name
+
+
+def test_a_native_tensor_and_its_hugging_face_twin_are_refused(twins, tmp_path):
+    """Both names land on one parameter after renaming: a duplicate, not last-one-wins."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from loader.errors import CheckpointFormatError
+
+    native, _, _ = twins
+    folder = tmp_path / "both"
+    shutil.copytree(native, folder)
+    tensors = load_file(str(folder / "consolidated.safetensors"))
+    tensors["model.layers.0.self_attn.q_proj.weight"] = torch.zeros_like(tensors["layers.0.attention.wq.weight"])
+    save_file(tensors, str(folder / "consolidated.safetensors"))
+    with pytest.raises(CheckpointFormatError) as info:
+        load(folder)
+    file = folder / "consolidated.safetensors"
+    assert sorted(str(info.value).removeprefix("tensor 'model.layers.0.self_attn.q_proj.weight' appears twice: in ")
+                  .split(" and in ")) == [f"{file}", f"{file} (stored as 'layers.0.attention.wq.weight')"]

@@ -12,7 +12,7 @@ def test_plugin_is_loaded_with_its_hooks():
     record = create_plugin_host().records["mistral"]
     assert record.status == "loaded", record.error
     assert record.distribution == "loader-plugin-mistral"
-    assert record.hooks == ("loader_read_config", "loader_register_architectures")
+    assert record.hooks == ("loader_detect_format", "loader_read_config", "loader_register_architectures")
 
 
 def test_registers_mistral_as_a_lazy_class_path():

@@ -13,8 +13,7 @@ def test_plugin_table_lists_runai_with_its_hooks() -> None:
     record = host.records["runai"]
     assert record.status == "loaded", record.error
     assert record.distribution == "loader-plugin-runai"
-    assert set(record.hooks) == {"loader_resolve_source", "loader_detect_format", "loader_read_config",
-                                 "loader_load_tokenizer", "loader_iter_weights"}
+    assert set(record.hooks) == {"loader_resolve_source", "loader_detect_format", "loader_iter_weights"}
 
 
 def test_entry_module_does_not_import_torch_boto3_or_the_streamer() -> None:

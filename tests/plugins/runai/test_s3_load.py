@@ -65,7 +65,8 @@ def test_index_naming_a_missing_shard_is_refused(llama_checkpoint: Path, s3_clie
     index = json.loads((llama_checkpoint / "model.safetensors.index.json").read_text())
     index["weight_map"]["extra.weight"] = "model-99999-of-99999.safetensors"
     s3_client.put_object(Bucket=bucket, Key="m/model.safetensors.index.json", Body=json.dumps(index).encode())
-    with pytest.raises(loader.LoadError, match=r"index names shard\(s\) that do not exist: model-99999"):
+    with pytest.raises(loader.LoadError, match=rf"s3://{bucket}/m/model.safetensors.index.json: the index names "
+                                               r"shard\(s\) the runai_streamer format did not list: model-99999"):
         loader.load_model(f"s3://{bucket}/m")
 
 

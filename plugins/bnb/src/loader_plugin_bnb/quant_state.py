@@ -13,6 +13,7 @@ dequantize garbage.
 from __future__ import annotations
 
 import json
+import math
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -144,6 +145,8 @@ def parse_quant_state(raw: torch.Tensor, name: str, what: str) -> QuantStateHead
     if nested_dtype != "float32":
         raise CheckpointFormatError(f"{what}: nested_dtype {nested_dtype!r} is not 'float32'")
     nested_offset = float(_field(data, "nested_offset", (int, float), what))
+    if not math.isfinite(nested_offset):  # json reads Infinity and NaN; either turns every weight into NaN
+        raise CheckpointFormatError(f"{what}: 'nested_offset' must be a finite number, found {nested_offset}")
     return QuantStateHeader(
         quant_type, blocksize, dtype, (shape[0], shape[1]), nested_blocksize, nested_dtype, nested_offset
     )

@@ -9,6 +9,7 @@ parsers (Llama, Mistral, Qwen) read every field through :class:`ConfigFields`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -85,7 +86,7 @@ class ConfigFields:
             raise self.error(field, "a number", value)
         value = float(value)
         low_ok = value > minimum if exclusive_minimum else value >= minimum
-        if not (low_ok and value <= maximum) or value != value:
+        if not (low_ok and value <= maximum) or not math.isfinite(value):  # json reads Infinity and NaN
             bound = "above" if exclusive_minimum else "at least"
             upper = "" if maximum == float("inf") else f" and at most {maximum}"
             raise self.error(field, f"a number {bound} {minimum}{upper}", value)

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
-from loader import distributed
 from loader.errors import UnsupportedError
 from loader.interfaces import SupportsQuantization, SupportsTensorParallel
 from loader.layers.attention import KVCache
 from loader.layers.vocab_embedding import ParallelLMHead
+from loader.session import current_session
 
 from .config import LlamaConfig, parse_llama_config
 from .decoder import LlamaAttention, LlamaModel
@@ -73,7 +73,7 @@ class LlamaForCausalLM(nn.Module, SupportsTensorParallel, SupportsQuantization):
     def __init__(self, ctx: ModelContext) -> None:
         super().__init__()
         self.config = self.parse_config(ctx.hf_config)
-        check_tensor_parallel(self.config, distributed.tp_size())
+        check_tensor_parallel(self.config, current_session().tp_size)
         dtype = ctx.dtype
         self.model = LlamaModel(
             self.config, attention_class=self.attention_class, params_dtype=dtype,

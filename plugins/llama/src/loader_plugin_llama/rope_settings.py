@@ -9,6 +9,7 @@ one :class:`RopeSettings` that the core's ``get_rope`` understands.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,6 +37,11 @@ class RopeSettings:
         return "default" if self.scaling is None else str(self.scaling["rope_type"])
 
 
+def _positive_finite(value: Any) -> bool:
+    """A JSON number above zero; ``json`` reads ``Infinity`` and ``NaN``, which no rotary setting can be."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
 def _scaling_kind(fields: ConfigFields, field: str, params: Mapping[str, Any]) -> str:
     kind = params.get("rope_type", params.get("type", "default"))
     if not isinstance(kind, str):
@@ -60,10 +66,12 @@ def _scaling_params(fields: ConfigFields, field: str, kind: str, params: Mapping
         if key in _INTEGER_KEYS:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise fields.error(f"{field}.{key}", "a positive integer", value)
-        elif key in ("factor", "low_freq_factor", "high_freq_factor") and (
-            isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
-        ):
+        elif key in ("factor", "low_freq_factor", "high_freq_factor") and not _positive_finite(value):
             raise fields.error(f"{field}.{key}", "a positive number", value)
+        elif key == "partial_rotary_factor" and not (_positive_finite(value) and value <= 1):
+            raise fields.error(f"{field}.{key}", "a number in (0, 1]", value)
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise fields.error(f"{field}.{key}", "a finite number", value)
         out[key] = value
     if kind == "llama3" and not out["high_freq_factor"] > out["low_freq_factor"]:
         raise fields.error(f"{field}.high_freq_factor",
@@ -77,7 +85,7 @@ def read_rope_settings(fields: ConfigFields) -> RopeSettings:
     if new_style is not None:
         field, params = "rope_parameters", new_style
         theta_value = params.get("rope_theta", fields.config.get("rope_theta", 10000.0))
-        if isinstance(theta_value, bool) or not isinstance(theta_value, int | float) or not theta_value > 0:
+        if not _positive_finite(theta_value):
             raise fields.error("rope_parameters.rope_theta", "a positive number", theta_value)
         theta = float(theta_value)
     else:

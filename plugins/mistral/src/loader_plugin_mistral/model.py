@@ -1,26 +1,19 @@
 """``MistralForCausalLM``: the Llama implementation with a sliding window, from either layout.
 
 A checkpoint in Hugging Face's layout loads exactly as Llama does; one in
-Mistral's native layout (config translated from ``params.json``, marked with
-:data:`~loader_plugin_mistral.native_config.NATIVE_LAYOUT_KEY`) is renamed and
-un-interleaved by :mod:`loader_plugin_mistral.native_layout` on the way in.
+Mistral's native layout (config translated from ``params.json``) arrives
+already renamed and un-interleaved by its format's renaming step
+(:mod:`loader_plugin_mistral.native_layout`), so the model sees one layout.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 from loader_plugin_llama.config import MAX_LAYERS, LlamaConfig, read_decoder_config
 from loader_plugin_llama.config_fields import ConfigFields
 from loader_plugin_llama.model import LlamaForCausalLM
-
-from .native_config import NATIVE_LAYOUT_KEY, NATIVE_LAYOUT_VALUE
-from .native_layout import native_to_hf_weights
-
-if TYPE_CHECKING:
-    from loader.context import ModelContext
-    from loader.weights import CheckpointTensor
 
 __all__ = ["MistralForCausalLM", "parse_mistral_config"]
 
@@ -41,17 +34,3 @@ class MistralForCausalLM(LlamaForCausalLM):
     @classmethod
     def parse_config(cls, hf_config: Mapping[str, Any]) -> LlamaConfig:
         return parse_mistral_config(hf_config)
-
-    def __init__(self, ctx: ModelContext) -> None:
-        super().__init__(ctx)
-        self.native_layout = ctx.hf_config.get(NATIVE_LAYOUT_KEY) == NATIVE_LAYOUT_VALUE
-
-    def checkpoint_weights(
-        self, weights: Iterable[tuple[str, CheckpointTensor]]
-    ) -> Iterator[tuple[str, CheckpointTensor]]:
-        if not self.native_layout:
-            yield from weights
-            return
-        yield from native_to_hf_weights(
-            weights, self.config.num_attention_heads, self.config.num_key_value_heads
-        )

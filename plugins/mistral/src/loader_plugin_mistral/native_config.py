@@ -2,9 +2,9 @@
 
 Folders published in Mistral's own layout hold ``params.json`` and
 ``consolidated.safetensors`` and no ``config.json``. The translation names
-the architecture ``MistralForCausalLM`` and sets :data:`NATIVE_LAYOUT_KEY`, so
-the model knows to rename ``layers.0.attention.wq.weight``-style tensors and
-undo their interleaved rotary layout. Features of the native format this
+the architecture ``MistralForCausalLM``; the tensors' names
+(``layers.0.attention.wq.weight``) and interleaved rotary layout are the
+format's business (:mod:`loader_plugin_mistral.native_layout`), not the config's. Features of the native format this
 plugin does not implement (mixture of experts, vision encoders, quantized
 exports, YaRN) are refused with the field named, never silently ignored.
 """
@@ -18,10 +18,7 @@ from typing import Any
 from loader.errors import ConfigError, UnsupportedError
 from loader.hf_files import read_json_object
 
-__all__ = ["NATIVE_LAYOUT_KEY", "NATIVE_LAYOUT_VALUE", "native_params_to_hf", "read_native_config"]
-
-NATIVE_LAYOUT_KEY = "loader_checkpoint_layout"
-NATIVE_LAYOUT_VALUE = "mistral-native"
+__all__ = ["native_params_to_hf", "read_native_config"]
 DEFAULT_MAX_POSITIONS = 32768
 
 # params.json key -> config.json key, for keys copied unchanged
@@ -60,7 +57,6 @@ def native_params_to_hf(params: Mapping[str, Any], where: str) -> dict[str, Any]
         "architectures": ["MistralForCausalLM"],
         "model_type": "mistral",
         "hidden_act": "silu",
-        NATIVE_LAYOUT_KEY: NATIVE_LAYOUT_VALUE,
     }
     for native, hf in _RENAMED.items():
         if params.get(native) is not None:

@@ -7,16 +7,27 @@ here rotates the half-split layout. ``transformers``' conversion script
 permutes rows ``(head, pair, 2) -> (head, 2, pair)``; the same permutation is
 applied here lazily with :func:`loader.weights.interleaved_to_half_rotary`,
 so a tensor-parallel rank still reads only the rows of its own heads.
+
+The renaming happens on the format side, as GGUF's does: detection
+(:func:`native_weight_format`) returns the folder's safetensors files with
+:class:`NativeNames` as the format's renaming step, which the core applies to
+the stream before its duplicate-name check. The model sees Hugging Face names only.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
-from loader.weights import CheckpointTensor, interleaved_to_half_rotary
+import attrs
 
-__all__ = ["native_to_hf_name", "native_to_hf_weights"]
+from loader.checkpoint import Source, WeightFormat
+from loader.weights import CheckpointTensor, WeightStream, interleaved_to_half_rotary
+
+__all__ = ["NativeNames", "native_to_hf_name", "native_to_hf_weights", "native_weight_format"]
+
+SAFETENSORS = "safetensors"
 
 _TOP_LEVEL = {
     "tok_embeddings": "model.embed_tokens",
@@ -71,3 +82,42 @@ def native_to_hf_weights(
         elif rotary == "k":
             tensor = interleaved_to_half_rotary(tensor, num_kv_heads)
         yield hf_name, tensor
+
+
+@attrs.frozen
+class NativeNames:
+    """The renaming step of a native folder's format: names mapped, q/k rows un-interleaved.
+
+    Head counts come from the load's configuration (translated from ``params.json``).
+    """
+
+    def __call__(self, weights: WeightStream, hf_config: Mapping[str, Any]) -> WeightStream:
+        from .model import parse_mistral_config
+
+        config = parse_mistral_config(hf_config)
+        return native_to_hf_weights(weights, config.num_attention_heads, config.num_key_value_heads)
+
+
+def is_consolidated(file: str) -> bool:
+    """``consolidated.safetensors`` or a shard of it (``consolidated-00001-of-00002.safetensors``)."""
+    base = file.replace("\\", "/").rsplit("/", 1)[-1]
+    return base.startswith("consolidated") and base.endswith(".safetensors")
+
+
+def native_weight_format(source: Source, requested: str) -> WeightFormat | None:
+    """The ``consolidated*.safetensors`` files of a native folder (``params.json``, no ``config.json``).
+
+    They are read by whichever plugin reads the ``safetensors`` format; the
+    format carries :class:`NativeNames`. ``None`` for any other source.
+    """
+    folder = source.directory
+    if requested not in ("auto", SAFETENSORS) or folder is None or source.path is None:
+        return None
+    if not (folder / "params.json").is_file() or (folder / "config.json").is_file():
+        return None
+    candidates = [source.path] if source.path.is_file() else sorted(folder.iterdir())
+    files = tuple(str(p) for p in candidates if is_consolidated(p.name) and p.is_file())
+    if not files:
+        return None
+    index = folder / "consolidated.safetensors.index.json"
+    return WeightFormat(SAFETENSORS, files, index=str(index) if index.is_file() else None, renaming=NativeNames())

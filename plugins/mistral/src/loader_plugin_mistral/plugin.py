@@ -1,8 +1,10 @@
 """Entry point of loader-plugin-mistral: hook implementations only, imports kept light.
 
-Registers ``MistralForCausalLM`` (lazily, as a ``"module:Class"`` string) and
-reads Mistral's native ``params.json`` when a folder has no ``config.json``;
-the core's ``config.json`` reader is ``trylast``, so this one is asked first.
+Registers ``MistralForCausalLM`` (lazily, as a ``"module:Class"`` string),
+recognises Mistral's native folders (``params.json`` + ``consolidated*.safetensors``,
+no ``config.json``) as safetensors with a renaming step, and reads their
+``params.json``; the core's ``config.json`` reader is ``trylast``, so this one
+is asked first.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from loader.hookspecs import RegisterArchitecture, hookimpl
 if TYPE_CHECKING:
     from loader.checkpoint import Source, WeightFormat
 
-__all__ = ["loader_read_config", "loader_register_architectures"]
+__all__ = ["loader_detect_format", "loader_read_config", "loader_register_architectures"]
 
 
 @hookimpl
@@ -23,16 +25,20 @@ def loader_register_architectures(register: RegisterArchitecture) -> None:
     register("MistralForCausalLM", "loader_plugin_mistral.model:MistralForCausalLM")
 
 
-def _is_consolidated(file: str) -> bool:
-    """``consolidated.safetensors`` or a shard of it (``consolidated-00001-of-00002.safetensors``)."""
-    base = file.replace("\\", "/").rsplit("/", 1)[-1]
-    return base.startswith("consolidated") and base.endswith(".safetensors")
+@hookimpl(tryfirst=True)
+def loader_detect_format(source: Source, requested: str) -> WeightFormat | None:
+    """A native folder: its consolidated safetensors files, renamed by the format (before any safetensors plugin)."""
+    from .native_layout import native_weight_format
+
+    return native_weight_format(source, requested)
 
 
 @hookimpl
 def loader_read_config(source: Source, weight_format: WeightFormat) -> Mapping[str, Any] | None:
+    from .native_layout import is_consolidated
+
     folder = source.directory
-    if folder is None or not any(_is_consolidated(f) for f in weight_format.files):
+    if folder is None or not any(is_consolidated(f) for f in weight_format.files):
         return None
     from .native_config import read_native_config
 

@@ -6,24 +6,22 @@ On ``s3://`` this plugin is the only reader, so it answers ``auto`` too
 it answers only when asked by name: the safetensors plugin reads local files
 faster by mapping them.
 
-For ``s3://`` sources the index's ``weight_map`` is applied here (an index
-naming a missing shard is an error; shards it does not name are dropped),
-since the core filters only local folders until its ``Source`` can list
-remote ones.
+The core applies the index's ``weight_map`` and drops training artifacts for
+both (an ``s3://`` source's index is read through its reader, :mod:`.s3_folder`).
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from loader.checkpoint import Source, WeightFormat
-from loader.errors import CheckpointFormatError, SourceNotFoundError
+from loader.errors import SourceNotFoundError
+from loader.hf_files import MAX_JSON_BYTES, read_json_object
 
 from .identity import local_snapshot, object_snapshot
 from .s3_folder import S3Folder
 from .sharded import MARKER, layout_from_json, rank_part_names
-from .uri import is_object_uri
 
 __all__ = ["FORMATS", "RUNAI", "RUNAI_SHARDED", "detect_local", "detect_remote"]
 
@@ -32,8 +30,6 @@ RUNAI_SHARDED = "runai_streamer_sharded"
 FORMATS = (RUNAI, RUNAI_SHARDED)
 SUFFIX = ".safetensors"
 STANDARD_INDEX = "model.safetensors.index.json"
-LOAD_BY_NAME = "load_by_name"
-"""``WeightFormat.extra`` key: the pipeline fills parameters by name, as for the core's sharded state."""
 
 
 def _index_name(names: list[str]) -> str | None:
@@ -44,54 +40,32 @@ def _index_name(names: list[str]) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-def _names_in_index(folder: S3Folder, index: str) -> set[str]:
-    """The shard names the index's ``weight_map`` points at, each checked to be a file under the prefix."""
-    where = folder.uri.join(index)
-    data = folder.read_json_object(index, "weight index")
-    weight_map = data.get("weight_map")
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise CheckpointFormatError(f"{where}: 'weight_map' must be a non-empty object of tensor -> file")
-    named: set[str] = set()
-    for tensor, file in weight_map.items():
-        if not isinstance(file, str) or not file:
-            raise CheckpointFormatError(f"{where}: weight_map[{tensor!r}] must be a file name, found {file!r}")
-        rel = PurePosixPath(file)
-        if rel.is_absolute() or ".." in rel.parts:
-            raise CheckpointFormatError(f"{where}: weight_map[{tensor!r}] = {file!r} points outside the model folder")
-        named.add(str(rel))
-    missing = sorted(named - set(folder.listing()))
-    if missing:
-        raise SourceNotFoundError(f"{where}: the index names shard(s) that do not exist: {', '.join(missing)}")
-    return named
-
-
 def _remote_sharded(folder: S3Folder, rank: int, tp_size: int) -> WeightFormat:
     where = str(folder)
     if not folder.has(MARKER):
         raise SourceNotFoundError(
             f"{where}: load_format {RUNAI_SHARDED!r} needs a folder written by 'loader save-sharded' (no {MARKER})"
         )
-    layout = layout_from_json(folder.read_json_object(MARKER, MARKER), folder.uri.join(MARKER))
-    names = rank_part_names(folder.names(), layout, rank, tp_size, where)
-    return WeightFormat(RUNAI_SHARDED, tuple(folder.uri.join(n) for n in names),
-                        extra={LOAD_BY_NAME: True, "snapshot": object_snapshot(folder.uri, folder.listing(), names)})
+    marker = folder.uri.join(MARKER)
+    raw = folder.read_bytes(MARKER, MAX_JSON_BYTES)
+    layout = layout_from_json(read_json_object(raw or b"", MARKER, marker), marker)
+    names = rank_part_names(folder.list_files(), layout, rank, tp_size, where)
+    return WeightFormat(RUNAI_SHARDED, tuple(folder.uri.join(n) for n in names), parameter_names=True,
+                        post_processed=True, extra={"snapshot": object_snapshot(folder.uri, folder.listing(), names)})
 
 
 def detect_remote(source: Source, requested: str, rank: int, tp_size: int) -> WeightFormat | None:
     """The format of an ``s3://`` source, or ``None`` for other sources and formats this plugin does not own."""
-    if source.uri is None or not is_object_uri(source.uri) or requested not in ("auto", "safetensors", *FORMATS):
+    folder = source.reader
+    if not isinstance(folder, S3Folder) or requested not in ("auto", "safetensors", *FORMATS):
         return None
-    folder = S3Folder(source.uri)
     if requested == RUNAI_SHARDED or (requested == "auto" and folder.has(MARKER)):
         return _remote_sharded(folder, rank, tp_size)
-    names = [n for n in folder.names() if n.endswith(SUFFIX)]
+    names = [n for n in folder.list_files() if n.endswith(SUFFIX)]
     if not names:
-        shown = ", ".join(folder.names()[:8])
+        shown = ", ".join(folder.list_files()[:8])
         raise SourceNotFoundError(f"{folder}: no *.safetensors objects under this prefix (found: {shown})")
-    index = _index_name(folder.names())
-    if index is not None:
-        named = _names_in_index(folder, index)
-        names = [n for n in names if n in named]
+    index = _index_name(list(folder.list_files()))
     return WeightFormat(RUNAI, tuple(folder.uri.join(n) for n in names),
                         index=folder.uri.join(index) if index is not None else None,
                         extra={"snapshot": object_snapshot(folder.uri, folder.listing(), names)})
@@ -118,7 +92,8 @@ def detect_local(source: Source, requested: str, rank: int, tp_size: int) -> Wei
             )
         names = rank_part_names(sorted(os.listdir(path)), layout, rank, tp_size, str(path))
         files = [str(path / n) for n in names]
-        return WeightFormat(RUNAI_SHARDED, tuple(files), extra={LOAD_BY_NAME: True, "snapshot": local_snapshot(files)})
+        return WeightFormat(RUNAI_SHARDED, tuple(files), parameter_names=True, post_processed=True,
+                            extra={"snapshot": local_snapshot(files)})
     if path.is_file():
         if not path.name.endswith(SUFFIX):
             raise SourceNotFoundError(f"{path}: load_format {RUNAI!r} reads .safetensors files only")

@@ -12,7 +12,7 @@ after that check cannot affect bytes already read.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import attrs
 
@@ -38,6 +38,11 @@ class Snapshot:
     files: Mapping[str, FileIdentity]
     uri: ObjectUri | None = None
     """The prefix the files are under, for ``s3://`` snapshots; ``None`` for local files."""
+
+    def only(self, files: Iterable[str]) -> Snapshot:
+        """The snapshot of ``files`` alone (those the core kept after filtering)."""
+        kept = set(files)
+        return Snapshot({f: i for f, i in self.files.items() if f in kept}, self.uri)
 
     def current(self, file: str, store: ObjectStore | None) -> FileIdentity | None:
         """The file's identity now, or ``None`` if it is gone."""

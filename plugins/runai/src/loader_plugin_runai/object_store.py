@@ -132,20 +132,22 @@ class ObjectStore:
             raise self._failed(exc, name) from exc
         return ObjectInfo(name, int(reply["ContentLength"]), str(reply.get("ETag", "")))
 
-    def read(self, name: str, max_bytes: int) -> bytes:
-        """All of a small object; refused when it is larger than ``max_bytes``."""
+    def read_head(self, name: str, max_bytes: int) -> bytes | None:
+        """The first ``max_bytes`` bytes of ``name`` (all of a smaller object); ``None`` if it does not exist."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            reply = self._client.get_object(Bucket=self.uri.bucket, Key=self.uri.key(name))
-            size = int(reply["ContentLength"])
-            if size > max_bytes:
-                reply["Body"].close()
-                raise StorageAccessError(
-                    f"{self.uri.join(name)}: {size} bytes, more than the {max_bytes} a side file may have"
-                )
+            reply = self._client.get_object(Bucket=self.uri.bucket, Key=self.uri.key(name),
+                                            Range=f"bytes=0-{max(max_bytes, 1) - 1}")
             return bytes(reply["Body"].read())
-        except (BotoCoreError, ClientError) as exc:
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code in _NOT_FOUND:
+                return None
+            if code == "InvalidRange":  # an empty object
+                return b""
+            raise self._failed(exc, name) from exc
+        except BotoCoreError as exc:
             raise self._failed(exc, name) from exc
 
     def read_range(self, name: str, start: int, length: int) -> bytes:

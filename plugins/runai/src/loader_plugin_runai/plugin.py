@@ -7,8 +7,7 @@ reaches it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from loader.hookspecs import hookimpl
 
@@ -16,7 +15,7 @@ from .detection import FORMATS, detect_local, detect_remote
 from .uri import is_object_uri, parse_object_uri
 
 if TYPE_CHECKING:
-    from loader.checkpoint import Source, TokenizerBundle, WeightFormat
+    from loader.checkpoint import Source, WeightFormat
     from loader.options import LoadOptions
     from loader.weights import ReadStats, WeightStream
 
@@ -27,45 +26,27 @@ def _remote(source: Source) -> bool:
 
 @hookimpl
 def loader_resolve_source(location: str, options: LoadOptions) -> Source | None:
-    """``s3://bucket/prefix``: a remote source streamed without a local copy (nothing is listed yet)."""
+    """``s3://bucket/prefix``: a remote source streamed without a local copy; its reader lists it when asked."""
     if not is_object_uri(location):
         return None
     from loader.checkpoint import Source
 
-    return Source(location=location, path=None, uri=str(parse_object_uri(location)), revision=options.revision)
+    from .s3_folder import S3Folder
+
+    folder = S3Folder(parse_object_uri(location))
+    return Source(location=location, path=None, uri=str(folder.uri), revision=options.revision, reader=folder)
 
 
 @hookimpl
 def loader_detect_format(source: Source, requested: str) -> WeightFormat | None:
     """``runai_streamer`` / ``runai_streamer_sharded``: any format on ``s3://``, locally only when asked for."""
-    from loader import distributed
+    from loader.session import current_session
 
-    rank, size = distributed.tp_rank(), distributed.tp_size()
+    session = current_session()
+    rank, size = session.tp_rank, session.tp_size
     if _remote(source):
         return detect_remote(source, requested, rank, size)
     return detect_local(source, requested, rank, size)
-
-
-@hookimpl
-def loader_read_config(source: Source, weight_format: WeightFormat) -> Mapping[str, Any] | None:
-    """``config.json`` of an ``s3://`` prefix."""
-    if not _remote(source):
-        return None
-    from .s3_folder import S3Folder
-    from .side_files import read_remote_config
-
-    return read_remote_config(S3Folder(str(source.uri)))
-
-
-@hookimpl
-def loader_load_tokenizer(source: Source, weight_format: WeightFormat) -> TokenizerBundle | None:
-    """The tokenizer files of an ``s3://`` prefix."""
-    if not _remote(source):
-        return None
-    from .s3_folder import S3Folder
-    from .side_files import read_remote_tokenizer
-
-    return read_remote_tokenizer(S3Folder(str(source.uri)))
 
 
 @hookimpl
@@ -83,5 +64,6 @@ def loader_iter_weights(
     from .stream import iter_streamed_weights
 
     settings = StreamerSettings.from_options(options.extra.get("format_options") or {})
+    snapshot = weight_format.extra.get("snapshot")
     return iter_streamed_weights(weight_format.files, settings, stats, where=source.display(),
-                                 snapshot=weight_format.extra.get("snapshot"))
+                                 snapshot=snapshot.only(weight_format.files) if snapshot is not None else None)

@@ -97,6 +97,34 @@ def load_pt_file(path: str) -> Mapping[str, Any]:
     return loaded
 
 
+def _check_entry(path: str, name: object, value: object) -> None:
+    """One state-dict entry must be a string name and a plain dense tensor with data.
+
+    ``torch.load(weights_only=True)`` accepts any key and quantized, sparse and ``meta`` tensors; passed
+    on, each fails later inside the model's ``load_weights``, blamed on the model class.
+    """
+    import torch
+
+    if not isinstance(name, str):
+        raise CheckpointFormatError(
+            f"{path}: state dict key {name!r} ({type(name).__name__}) is not a string; keys must be tensor names"
+        )
+    if not isinstance(value, torch.Tensor):
+        raise CheckpointFormatError(
+            f"{path}: entry {name!r} is a {type(value).__name__}, expected a tensor "
+            "(nested state dicts are not supported)"
+        )
+    if value.is_quantized:
+        kind = f"a quantized ({value.dtype}) tensor"
+    elif value.layout != torch.strided:
+        kind = f"a sparse ({value.layout}) tensor"
+    elif value.is_meta:
+        kind = "a meta tensor (shape only, no data)"
+    else:
+        return
+    raise CheckpointFormatError(f"{path}: tensor {name!r} is {kind}; only plain dense tensors can be loaded")
+
+
 def iter_pt_weights(
     files: Iterable[str], stats: ReadStats | None = None
 ) -> Iterator[tuple[str, CountedEagerTensor]]:
@@ -104,17 +132,12 @@ def iter_pt_weights(
 
     A file is loaded when the iterator reaches it and dropped when it moves on.
     """
-    import torch
 
     owner: dict[str, str] = {}
     for path in files:
         state = load_pt_file(path)
         for name, value in state.items():
-            if not isinstance(value, torch.Tensor):
-                raise CheckpointFormatError(
-                    f"{path}: entry {name!r} is a {type(value).__name__}, expected a tensor "
-                    "(nested state dicts are not supported)"
-                )
+            _check_entry(path, name, value)
             first = owner.setdefault(name, path)
             if first != path:
                 raise CheckpointFormatError(

@@ -1,4 +1,4 @@
-"""The load step for sharded state: tensors go to parameters by exact name, no mapping or slicing."""
+"""The load step for formats named by parameter (sharded state, dummy): exact names, no mapping or slicing."""
 
 from __future__ import annotations
 
