@@ -38,12 +38,14 @@ from benchmarks.machine import describe_environment, describe_machine, describe_
 from benchmarks.runner import REPO_ROOT, child_env
 
 BENCH_DIR = Path(__file__).resolve().parent
-LOCAL_PATHS: dict[str, tuple[str, dict[str, Any]]] = {
-    "safetensors plugin (auto: pages mapped)": ("auto", {}),
-    "runai_streamer (its default: direct I/O)": ("runai_streamer", {}),
-    "runai_streamer, fs_strategy=sync_buffered": ("runai_streamer", {"fs_strategy": "sync_buffered"}),
+LOCAL_PATHS: dict[str, tuple[str, dict[str, Any], dict[str, str]]] = {
+    "safetensors plugin (auto: pages mapped)": ("auto", {}, {}),
+    "safetensors plugin, LOADER_MAP_WEIGHTS=0 (copying)": ("auto", {}, {"LOADER_MAP_WEIGHTS": "0"}),
+    "runai_streamer (its default: direct I/O)": ("runai_streamer", {}, {}),
+    "runai_streamer, fs_strategy=sync_buffered": ("runai_streamer", {"fs_strategy": "sync_buffered"}, {}),
 }
-"""Label -> (load_format, format_options) of each local path."""
+"""Label -> (load_format, format_options, environment) of each local path. The copying row is the control:
+the streamer path copies every byte into fresh parameter memory too."""
 BLOCK = re.compile(r"<!-- runai -->\n.*?<!-- /runai -->\n", re.S)
 
 
@@ -104,9 +106,9 @@ def _bench_local(sizes: list[float], reps: int) -> list[dict[str, Any]]:
         folder, shape, _ = ensure_checkpoint(BENCH_DIR / "out", size)
         for rep in range(reps):
             for label in list(LOCAL_PATHS) if rep % 2 == 0 else list(LOCAL_PATHS)[::-1]:
-                load_format, options = LOCAL_PATHS[label]
+                load_format, options, env = LOCAL_PATHS[label]
                 warm_page_cache(shard_files(folder))
-                record = _run_child(["load", str(folder), load_format, json.dumps(options)])
+                record = _run_child(["load", str(folder), load_format, json.dumps(options)], env={**child_env(), **env})
                 records.append({"kind": "local", "size_gb": size, "path": label,
                                 "parameter_bytes": shape.parameter_bytes, **record})
                 print(f"local {size} GB {label}: {record.get('seconds', record.get('error'))}", flush=True)
