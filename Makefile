@@ -9,7 +9,7 @@ PLUGINS := safetensors llama mistral qwen gguf bnb runai
 EDITABLES := -e . $(foreach p,$(PLUGINS),-e plugins/$(p))
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck unit demo bench tox clean docs
+.PHONY: install test lint typecheck unit demo bench tox clean docs soak
 
 $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml) requirements-test.txt constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,9 @@ unit: install
 	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q
 
 test: lint typecheck docs unit  ## what CI runs
+
+soak: install  ## 30 s of loads racing a process that truncates the checkpoint: no process may die of SIGBUS
+	LOADER_SOAK=1 OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -m soak tests/reliability/test_truncation_race.py
 
 docs: install
 	$(PY) scripts/gen_hook_docs.py --check

@@ -37,7 +37,7 @@ import torch
 path, which = sys.argv[1], sys.argv[2]
 if which == "loader":
     import loader
-    from loader.pipeline.load import load_model_with_report
+    from loader._pipeline.load import load_model_with_report
     load = lambda: load_model_with_report(path, dtype="float32")[0]
 else:
     import os

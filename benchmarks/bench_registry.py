@@ -32,7 +32,7 @@ def models_command() -> list[str]:
     script = Path(sys.executable).with_name("loader")
     if script.exists():
         return [str(script), "models", "--json"]
-    return [sys.executable, "-c", "from loader.registry import get_registry; get_registry().model_infos()"]
+    return [sys.executable, "-c", "from loader._registry import get_registry; get_registry().model_infos()"]
 
 
 def run_once(command: list[str], cache_dir: Path, pycache: Path) -> float:

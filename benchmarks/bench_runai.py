@@ -60,7 +60,7 @@ def _child_load(source: str, load_format: str, options: dict[str, Any], result: 
 
     from benchmarks.measure import peak_rss_bytes, touch_pages
     from loader import load_model_with_report
-    from loader.pipeline import load  # noqa: F401
+    from loader._pipeline import load  # noqa: F401
 
     if load_format.startswith("runai") or source.startswith("s3://"):
         # what a server imports once (0.6 s here); the plugin itself imports them lazily, inside a load

@@ -52,8 +52,8 @@ def _setup_loader(source: Path) -> None:
 
     import torch  # noqa: F401
 
-    from loader.pipeline import load  # noqa: F401
-    from loader.registry import get_registry
+    from loader._pipeline import load  # noqa: F401
+    from loader._registry import get_registry
 
     config = source / "config.json"
     if config.is_file():
@@ -181,7 +181,7 @@ def page_cache_floor(source: Path, buffer: memoryview) -> dict[str, Any]:
 
 def _setup_loader_tp(source: Path) -> None:
     _setup_loader(source)
-    from loader import distributed
+    from loader import _distributed as distributed
 
     distributed.init_distributed()
 
@@ -198,7 +198,7 @@ def loader_sharded_state_tp2(source: Path, state: Any) -> dict[str, Any]:
 
 def _loader_cli() -> list[str]:
     script = Path(sys.executable).with_name("loader")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "loader.cli.main"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "loader._cli.main"]
 
 
 def prepare_sharded_state(checkpoint: Path, work_dir: Path) -> Path:

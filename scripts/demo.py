@@ -25,8 +25,8 @@ def main() -> int:
     args = parser.parse_args()
 
     import loader
-    from loader.cli.output import format_bytes
-    from loader.generation import generate_greedy, tokenizer_for
+    from loader._cli.output import format_bytes
+    from loader._generation import generate_greedy, tokenizer_for
 
     if args.source is None:
         from fetch_smollm2 import fetch_smollm2

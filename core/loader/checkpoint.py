@@ -1,17 +1,50 @@
-"""What the pipeline knows about a checkpoint: where it is and which format it holds."""
+"""What the pipeline knows about a checkpoint: where it is, which format it holds, how to read its side files.
+
+The public home of everything a format or source plugin describes a checkpoint
+with: :class:`Source` (and its :class:`SourceReader`), :class:`WeightFormat`
+(and its :class:`WeightRenaming`), :class:`TokenizerBundle`, the load's
+:class:`LoadOptions`, the readers of ``config.json`` and the tokenizer (which
+take bytes as well as paths, so a remote source reuses them) and the
+training-artifact rule the core applies to every source.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+import fnmatch
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import attrs
 
+from ._model_folder import side_file
+from ._options import DTYPES, LoadOptions, parse_dtype
+from .errors import ConfigError, LoadError
+
 if TYPE_CHECKING:
     from .weights import WeightStream
 
-__all__ = ["Source", "SourceReader", "TokenizerBundle", "WeightFormat", "WeightRenaming"]
+__all__ = [
+    "DTYPES",
+    "MAX_JSON_BYTES",
+    "TRAINING_ARTIFACTS",
+    "FileBytes",
+    "LoadOptions",
+    "Source",
+    "SourceReader",
+    "TokenizerBundle",
+    "WeightFormat",
+    "WeightRenaming",
+    "is_training_artifact",
+    "load_hf_tokenizer",
+    "parse_dtype",
+    "read_json_object",
+    "read_source_file",
+    "side_file",
+]
+
+TRAINING_ARTIFACTS = ("training_args.bin", "optimizer.*", "scheduler.pt", "scaler.pt", "rng_state*")
 
 
 class WeightRenaming(Protocol):
@@ -126,3 +159,134 @@ class TokenizerBundle:
     eos_token: str | None = None
     eos_token_ids: tuple[int, ...] = ()
     add_bos_token: bool = False
+
+
+def is_training_artifact(name: str) -> bool:
+    """Whether a file (by its base name) is training state saved beside the weights, not a weight file."""
+    base = PurePosixPath(name).name
+    return any(fnmatch.fnmatchcase(base, pattern) for pattern in TRAINING_ARTIFACTS)
+
+
+MAX_JSON_BYTES = 64 * 1024 * 1024
+
+
+def read_json_object(source: Path | bytes, what: str, where: str | None = None) -> dict[str, Any]:
+    """Read a JSON object from a file, or parse it from bytes; any problem is a :class:`ConfigError`.
+
+    :param source: the file, or its bytes (read through a remote source's
+        :class:`~loader.checkpoint.SourceReader`).
+    :param what: what the file is, for messages (``"config.json"``).
+    :param where: how messages name the file when ``source`` is bytes (default ``what``).
+    """
+    path = where or what if isinstance(source, bytes) else source
+    try:
+        if isinstance(source, bytes):
+            raw = source
+            if len(raw) > MAX_JSON_BYTES:
+                raise ConfigError(f"{path}: {what} is {len(raw)} bytes, more than the {MAX_JSON_BYTES} allowed")
+        else:
+            size = source.stat().st_size
+            if size > MAX_JSON_BYTES:
+                raise ConfigError(f"{path}: {what} is {size} bytes, more than the {MAX_JSON_BYTES} allowed")
+            with source.open("rb") as fh:
+                raw = fh.read()
+        data = json.loads(raw.decode("utf-8"))
+    except ConfigError:
+        raise
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: {what} is not UTF-8 ({exc.reason} at byte {exc.start})") from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: {what} is not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+    except (ValueError, RecursionError) as exc:  # an integer too long to convert, nesting too deep
+        raise ConfigError(f"{path}: {what} is not valid JSON ({exc})") from exc
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read {what}: {exc.strerror or exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: {what} must be a JSON object, found {type(data).__name__}")
+    return data
+
+
+def read_source_file(source: Source, name: str, limit: int = MAX_JSON_BYTES) -> bytes | None:
+    """A small file of a remote source by relative name, through its reader; ``None`` if absent.
+
+    More than ``limit`` bytes is a :class:`ConfigError` naming the file.
+    """
+    if source.reader is None:
+        return None
+    data = source.reader.read_bytes(name, limit)
+    if data is not None and len(data) > limit:
+        raise ConfigError(f"{source.file_uri(name)}: more than the {limit} bytes allowed for {name}")
+    return data
+
+
+FileBytes = Callable[[str], "bytes | None"]
+"""Reads a checkpoint's small file by relative name: its bytes, or ``None`` when there is none."""
+
+
+def _folder_bytes(folder: Path) -> FileBytes:
+    def read(name: str) -> bytes | None:
+        path = side_file(folder, name)
+        return path.read_bytes() if path is not None else None
+
+    return read
+
+
+def load_hf_tokenizer(files: Path | FileBytes, where: str | None = None) -> TokenizerBundle | None:
+    """Build a tokenizer from ``tokenizer.json`` (+ ``tokenizer_config.json``, ...).
+
+    :param files: the folder holding them, or a function reading them as bytes by name
+        (a remote source's files, see :func:`read_source_file`).
+    :param where: how messages name the folder when ``files`` is a function.
+    """
+    if isinstance(files, Path):
+        where, read = str(files), _folder_bytes(files)
+    else:
+        where, read = where or "<source>", files
+    raw = read("tokenizer.json")
+    if raw is None:
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
+    except Exception as exc:
+        raise LoadError(f"{where}/tokenizer.json: cannot build a tokenizer: {exc}") from exc
+
+    def side_json(name: str) -> dict[str, Any]:
+        data = read(name)
+        return {} if data is None else read_json_object(data, name, f"{where}/{name}")
+
+    cfg = side_json("tokenizer_config.json")
+
+    def token_text(value: Any) -> str | None:
+        if isinstance(value, dict):
+            value = value.get("content")
+        return value if isinstance(value, str) else None
+
+    chat_template = cfg.get("chat_template")
+    jinja = read("chat_template.jinja") if chat_template is None else None
+    if jinja is not None:
+        chat_template = jinja.decode("utf-8")
+    if isinstance(chat_template, list):  # named templates: take "default"
+        named = {t.get("name"): t.get("template") for t in chat_template if isinstance(t, dict)}
+        chat_template = named.get("default") or next(iter(named.values()), None)
+    bos = token_text(cfg.get("bos_token"))
+    eos = token_text(cfg.get("eos_token"))
+    eos_ids: list[int] = []
+    raw_eos = side_json("generation_config.json").get("eos_token_id")
+    if isinstance(raw_eos, int):
+        eos_ids.append(raw_eos)
+    elif isinstance(raw_eos, list):
+        eos_ids.extend(int(x) for x in raw_eos if isinstance(x, int))
+    if eos is not None:
+        tid = tokenizer.token_to_id(eos)
+        if tid is not None and tid not in eos_ids:
+            eos_ids.append(tid)
+    return TokenizerBundle(
+        tokenizer=tokenizer,
+        chat_template=chat_template if isinstance(chat_template, str) else None,
+        bos_token=bos,
+        eos_token=eos,
+        eos_token_ids=tuple(eos_ids),
+        add_bos_token=bool(cfg.get("add_bos_token", False)),
+    )

@@ -6,9 +6,9 @@ parameter and the return value. A plugin implements a hook with
 ``@loader.hookimpl`` and may accept fewer arguments than the spec lists, so
 specs grow by adding arguments without breaking plugins.
 
-Nothing outside the core calls these hooks directly: :mod:`loader.hooks`
+Nothing outside the core calls these hooks directly: :mod:`loader._hooks`
 wraps each one in a typed function that calls it through pluggy, and the
-host registers each plugin guarded (:mod:`loader.plugin_guard`) so that a
+host registers each plugin guarded (:mod:`loader._plugin_guard`) so that a
 failure names the plugin and the hook.
 """
 
@@ -23,10 +23,24 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from .checkpoint import Source, TokenizerBundle, WeightFormat
-    from .layers.quantization import QuantizationConfig
-    from .options import LoadOptions
+    from .checkpoint import LoadOptions, Source, TokenizerBundle, WeightFormat
+    from .layers import QuantizationConfig
     from .weights import ReadStats, WeightStream
+
+__all__ = [
+    "PROJECT_NAME",
+    "RegisterArchitecture",
+    "hookimpl",
+    "hookspec",
+    "loader_detect_format",
+    "loader_detect_quantization",
+    "loader_iter_weights",
+    "loader_load_tokenizer",
+    "loader_process_weights_after_loading",
+    "loader_read_config",
+    "loader_register_architectures",
+    "loader_resolve_source",
+]
 
 PROJECT_NAME = "loader"
 
@@ -113,7 +127,7 @@ def loader_iter_weights(
     each read adds to ``stats``. Names are in the Hugging Face convention the
     model's ``load_weights`` maps from, unless the format says it holds the
     model's own parameter names (:attr:`~loader.checkpoint.WeightFormat.parameter_names`).
-    The load's rank, size, dtype and device are :func:`loader.session.current_session`'s.
+    The load's rank, size, dtype and device are :func:`loader.models.current_session`'s.
 
     :param source: the resolved source.
     :param weight_format: the chosen format with the filtered files.

@@ -17,17 +17,21 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from ._mapped_parameters import fill_parameter
+from .errors import CheckpointFormatError, ShapeMismatchError
+
 if TYPE_CHECKING:
     import torch
 
 __all__ = [
     "CheckpointTensor",
-    "check_shape",
     "EagerTensor",
     "FileSpan",
     "ReadStats",
     "RowPermutedTensor",
     "WeightStream",
+    "check_shape",
+    "fill_parameter",
     "interleaved_to_half_rotary",
 ]
 
@@ -61,7 +65,7 @@ class FileSpan:
     (narrowed) values are a single run of bytes in the file, stored in
     :attr:`CheckpointTensor.dtype` in row-major order, little-endian. The core
     can then make a CPU parameter's pages *be* the file's page cache instead
-    of copying (see :mod:`loader.mapped_parameters`).
+    of copying (see :func:`fill_parameter`).
     """
 
     path: str
@@ -79,8 +83,6 @@ def check_shape(loaded: CheckpointTensor, expected: Sequence[int], what: str = "
     """
     expected = tuple(int(s) for s in expected)
     if tuple(loaded.shape) != expected:
-        from .errors import ShapeMismatchError
-
         target = f" for {what}" if what else ""
         raise ShapeMismatchError(
             f"{loaded.describe()}: expected shape {expected}{target}, found {tuple(loaded.shape)}"
@@ -164,8 +166,13 @@ class CheckpointTensor(abc.ABC):
         values = self.read(out.dtype if out.device.type == "cpu" else None)
         out.copy_(values)
 
-    def _check_narrow(self, dim: int, start: int, length: int) -> int:
-        from .errors import CheckpointFormatError
+    def check_narrow(self, dim: int, start: int, length: int) -> int:
+        """Validate a :meth:`narrow` request against :attr:`shape`; return ``dim`` made non-negative.
+
+        Every :meth:`narrow` implementation calls this first: a dim out of
+        range or a slice outside the dimension raises
+        :class:`~loader.errors.CheckpointFormatError` naming the tensor.
+        """
 
         nd = len(self.shape)
         if not -nd <= dim < nd:
@@ -207,7 +214,7 @@ class EagerTensor(CheckpointTensor):
         return self.tensor.dtype
 
     def narrow(self, dim: int, start: int, length: int) -> EagerTensor:
-        dim = self._check_narrow(dim, start, length)
+        dim = self.check_narrow(dim, start, length)
         return EagerTensor(self.tensor.narrow(dim, start, length), self.name, self.file)
 
     def read(self, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -261,7 +268,7 @@ class RowPermutedTensor(CheckpointTensor):
         return self.base.nbytes * (hi - lo + 1) // max(rows, 1)
 
     def narrow(self, dim: int, start: int, length: int) -> CheckpointTensor:
-        dim = self._check_narrow(dim, start, length)
+        dim = self.check_narrow(dim, start, length)
         if dim == 0:
             return RowPermutedTensor(self.base, self.perm.narrow(0, start, length))
         return RowPermutedTensor(self.base.narrow(dim, start, length), self.perm)
@@ -289,8 +296,6 @@ def interleaved_to_half_rotary(tensor: CheckpointTensor, n_heads: int) -> Checkp
 
     rows = tensor.shape[0]
     if n_heads <= 0 or rows % n_heads or (rows // n_heads) % 2:
-        from .errors import ShapeMismatchError
-
         raise ShapeMismatchError(
             f"{tensor.describe()}: {rows} rows cannot be split into {n_heads} rotary heads"
         )

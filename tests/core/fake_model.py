@@ -7,9 +7,9 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from loader.context import ModelContext
+from loader._context import ModelContext
+from loader._interfaces import SupportsTensorParallel
 from loader.errors import UnexpectedWeightError
-from loader.interfaces import SupportsTensorParallel
 from loader.weights import CheckpointTensor
 
 

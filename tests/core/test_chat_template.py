@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loader.chat_template import render_chat
+from loader._chat_template import render_chat
 from loader.errors import LoadError
 
 CHATML = (

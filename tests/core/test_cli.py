@@ -14,7 +14,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     import os
 
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "loader.cli.main", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "loader._cli.main", *args], capture_output=True, text=True,
                           env=full_env, timeout=120)
 
 

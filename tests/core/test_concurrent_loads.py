@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 
 import loader
+from loader._context import ModelContext
+from loader._plugins import PluginHost, create_plugin_host
 from loader.checkpoint import WeightFormat
-from loader.context import ModelContext
-from loader.plugins import PluginHost, create_plugin_host
 from loader.weights import EagerTensor
 from tests.core.fake_model import TinyForCausalLM
 

@@ -1,13 +1,13 @@
-"""loader.distributed in one process: defaults, simulated ranks (the session's), no-op collectives, divide."""
+"""loader._distributed in one process: defaults, simulated ranks (the session's), no-op collectives, divide."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from loader import distributed
+from loader import _distributed as distributed
+from loader._session import current_session
 from loader.errors import UnsupportedError
-from loader.session import current_session
 
 
 def _rank_size() -> tuple[int, int]:

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import loader
-from loader import hooks
+from loader import _hooks as hooks
+from loader._options import LoadOptions
+from loader._plugins import create_plugin_host
 from loader.checkpoint import Source, WeightFormat
 from loader.errors import LoadError, PluginError, SourceNotFoundError, UnsupportedError
-from loader.options import LoadOptions
-from loader.plugins import create_plugin_host
 from loader.weights import EagerTensor, ReadStats
 
 OPTIONS = LoadOptions(dtype=torch.float32, device=torch.device("cpu"))

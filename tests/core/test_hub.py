@@ -2,36 +2,28 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
+from loader._options import LoadOptions
+from loader._sources.builtin import loader_resolve_source, looks_like_hub_id
 from loader.errors import SourceNotFoundError
-from loader.options import LoadOptions
-from loader.sources.builtin import loader_resolve_source, looks_like_hub_id
-
-REVISION = "0123456789abcdef0123456789abcdef01234567"
+from tests.helpers.hub_cache import cache_tree, download_with_huggingface_hub, repo_folder, write_hub_cache
 
 
 def _cache(root: Path, repo: str, files: dict[str, bytes]) -> Path:
-    folder = root / f"models--{repo.replace('/', '--')}"
-    snapshot = folder / "snapshots" / REVISION
-    for name, data in files.items():
-        path = snapshot / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-    (folder / "refs").mkdir(parents=True)
-    (folder / "refs" / "main").write_text(REVISION)
-    return snapshot
+    return write_hub_cache(root, repo, files)
 
 
 @pytest.fixture
 def offline_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    import huggingface_hub.constants as constants  # imported first: it reads HF_HUB_OFFLINE once, at import
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    import huggingface_hub.constants as constants
-
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     return tmp_path
@@ -70,3 +62,16 @@ def test_uncached_hub_id_offline_says_so(offline_cache: Path) -> None:
 
 def test_uri_schemes_are_left_to_plugins() -> None:
     assert loader_resolve_source("s3://bucket/prefix", OPTIONS) is None
+
+
+def test_the_fake_cache_is_the_layout_huggingface_hub_writes(tmp_path: Path) -> None:
+    """``write_hub_cache`` (used by fast tests) against ``hf_hub_download`` itself: same blobs, links and refs."""
+    files = {"config.json": b'{"architectures": []}', "model-00001-of-00002.safetensors": b"x" * 100,
+             "model-00002-of-00002.safetensors": b"y" * 50, "model.safetensors.index.json": b"{}",
+             "sub/tokenizer.json": b"{}"}
+    real = download_with_huggingface_hub(tmp_path / "real", "acme/tiny", files)
+    fake = write_hub_cache(tmp_path / "fake", "acme/tiny", files)
+    assert real.relative_to(tmp_path / "real") == fake.relative_to(tmp_path / "fake")
+    assert os.readlink(real / "sub" / "tokenizer.json").startswith("../../../blobs/")
+    assert cache_tree(repo_folder(tmp_path / "real", "acme/tiny")) == cache_tree(repo_folder(tmp_path / "fake",
+                                                                                              "acme/tiny"))

@@ -19,7 +19,7 @@ ROOT = Path(loader.__file__).parent
 
 
 def _node(module: str) -> str:
-    """``loader.pipeline.load`` -> ``loader.pipeline``; ``loader.hooks`` -> ``loader.hooks``."""
+    """``loader._pipeline.load`` -> ``loader._pipeline``; ``loader._hooks`` -> ``loader._hooks``."""
     parts = module.split(".")
     return ".".join(parts[:2])
 
@@ -98,14 +98,14 @@ def test_no_import_cycle_between_core_packages() -> None:
 
 def test_the_check_sees_a_cycle() -> None:
     """The check itself: two packages importing each other through a module form one component."""
-    graph = {"loader.sharded": {"loader.pipeline"}, "loader.pipeline": {"loader.hooks"},
-             "loader.hooks": {"loader.sharded"}}
+    graph = {"loader._sharded": {"loader._pipeline"}, "loader._pipeline": {"loader._hooks"},
+             "loader._hooks": {"loader._sharded"}}
     assert [sorted(c) for c in _strongly_connected(graph) if len(_packages(c)) > 1] == [
-        ["loader.hooks", "loader.pipeline", "loader.sharded"]]
+        ["loader._hooks", "loader._pipeline", "loader._sharded"]]
 
 
 def test_sharded_and_pipeline_do_not_import_each_other() -> None:
     graph = _graph()
-    assert not ("loader.pipeline" in graph.get("loader.sharded", set())
-                and "loader.sharded" in graph.get("loader.pipeline", set()))
-    assert "loader.sharded" not in graph.get("loader.pipeline", set())
+    assert not ("loader._pipeline" in graph.get("loader._sharded", set())
+                and "loader._sharded" in graph.get("loader._pipeline", set()))
+    assert "loader._sharded" not in graph.get("loader._pipeline", set())

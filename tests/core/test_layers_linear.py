@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from loader import distributed
+from loader import _distributed as distributed
 from loader.errors import ShapeMismatchError, UnsupportedError
 from loader.layers import (
     ColumnParallelLinear,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loader import distributed
+from loader import _distributed as distributed
 from loader.errors import PackedSplitError
 from loader.layers import MergedColumnParallelLinear, QKVParallelLinear
 from loader.layers.default_loader import default_weight_loader

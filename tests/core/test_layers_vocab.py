@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from loader import distributed
+from loader import _distributed as distributed
 from loader.errors import ShapeMismatchError
 from loader.layers import ParallelLMHead, VocabParallelEmbedding
 from loader.layers.param_layout import weight_loader_of

@@ -1,4 +1,4 @@
-"""Parameters whose pages are mapped from the checkpoint file (loader.mapped_parameters).
+"""Parameters whose pages are mapped from the checkpoint file (loader._mapped_parameters).
 
 A raw file of bf16 values stands in for a format: :class:`RawFileTensor` offers
 its bytes as a :class:`FileSpan`, as the safetensors plugin does.
@@ -14,9 +14,9 @@ import pytest
 import torch
 from torch import nn
 
-from loader import mapped_parameters as mp
+from loader import _mapped_parameters as mp
+from loader._pipeline.materialize import materialize
 from loader.errors import CheckpointFormatError
-from loader.pipeline.materialize import materialize
 from loader.weights import CheckpointTensor, FileSpan, ReadStats
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mapping is Linux-only")
@@ -44,7 +44,7 @@ class RawFileTensor(CheckpointTensor):
         return self._dtype
 
     def narrow(self, dim: int, start: int, length: int) -> RawFileTensor:
-        dim = self._check_narrow(dim, start, length)
+        dim = self.check_narrow(dim, start, length)
         if dim == 0:
             return RawFileTensor(self.path, self.offset, self.full, self._dtype, self.stats,
                                  self.first + start, length, self.cols)
@@ -299,7 +299,7 @@ def test_values_at_an_odd_offset_are_read_not_mapped(tmp_path: Path) -> None:
 
 
 def test_within_the_memory_map_budget_the_largest_tensors_get_regions(monkeypatch: pytest.MonkeyPatch) -> None:
-    from loader.pipeline import materialize as materialize_module
+    from loader._pipeline import materialize as materialize_module
 
     monkeypatch.setattr(materialize_module, "region_budget", lambda: 2)
     model = _materialized((8, 1024), (64, 1024), (16, 1024), (32, 1024))

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import loader
+from loader._plugins import create_plugin_host
 from loader.checkpoint import WeightFormat
 from loader.errors import (
     CheckpointFormatError,
@@ -17,7 +18,6 @@ from loader.errors import (
     UnknownArchitectureError,
     UnsupportedError,
 )
-from loader.plugins import create_plugin_host
 from loader.weights import EagerTensor
 
 VOCAB, HIDDEN = 10, 4

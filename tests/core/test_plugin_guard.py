@@ -8,10 +8,10 @@ import pluggy
 import pytest
 
 import loader
-from loader import hooks
+from loader import _hooks as hooks
+from loader._plugin_guard import GuardedPlugin, GuardedStream, calling_plugin
+from loader._plugins import create_plugin_host
 from loader.checkpoint import Source, WeightFormat
-from loader.plugin_guard import GuardedPlugin, GuardedStream, calling_plugin
-from loader.plugins import create_plugin_host
 
 
 def _host():  # type: ignore[no-untyped-def]

@@ -9,9 +9,9 @@ import types
 import pytest
 
 import loader
-from loader import plugins
-from loader.plugins import create_plugin_host
-from loader.session import current_session
+from loader import _plugins as plugins
+from loader._plugins import create_plugin_host
+from loader._session import current_session
 
 
 class _FakeDist:
@@ -126,6 +126,6 @@ def test_use_plugin_host_is_this_threads_only() -> None:
 def test_importing_loader_does_not_import_torch() -> None:
     import subprocess
 
-    code = "import loader, loader.plugins, sys; loader.plugins.create_plugin_host(); print('torch' in sys.modules)"
+    code = "import loader, loader._plugins, sys; loader._plugins.create_plugin_host(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

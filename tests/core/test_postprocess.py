@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from loader.pipeline.postprocess import device_loading_context
+from loader._pipeline.postprocess import device_loading_context
 
 FAKE_GPU = torch.device("cuda", 7)  # never used as a device: the fixture intercepts moves to it
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

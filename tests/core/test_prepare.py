@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from loader._pipeline.prepare import filter_weight_files
 from loader.checkpoint import Source, WeightFormat
 from loader.errors import CheckpointFormatError, SourceNotFoundError
-from loader.pipeline.prepare import filter_weight_files
 
 
 def _touch(folder: Path, *names: str) -> list[str]:

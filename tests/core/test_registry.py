@@ -8,12 +8,12 @@ from typing import ClassVar
 
 import pytest
 
+from loader._interfaces import SupportsPipelineParallel, SupportsQuantization, SupportsTensorParallel
+from loader._plugins import create_plugin_host, use_plugin_host
+from loader._registry import ModelInfo, ModelRegistry, RegisteredModel, get_registry, inspect_model_class
+from loader._registry.capabilities import ModelInfoError
 from loader.errors import PluginError, UnknownArchitectureError
 from loader.hookspecs import hookimpl
-from loader.interfaces import SupportsPipelineParallel, SupportsQuantization, SupportsTensorParallel
-from loader.plugins import create_plugin_host, use_plugin_host
-from loader.registry import ModelInfo, ModelRegistry, RegisteredModel, get_registry, inspect_model_class
-from loader.registry.capabilities import ModelInfoError
 from tests.helpers.toy_models import TOY_WITHOUT_TORCH, forget_module, write_module
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from loader.registry import ModelInfo, ModelRegistry, ProbeCache, RegisteredModel
-from loader.registry.cache import default_cache_dir
-from loader.registry.fingerprint import source_fingerprint
+from loader._registry import ModelInfo, ModelRegistry, ProbeCache, RegisteredModel
+from loader._registry.cache import default_cache_dir
+from loader._registry.fingerprint import source_fingerprint
 from tests.helpers.toy_models import TOY_WITHOUT_TORCH, forget_module, write_module
 
 
@@ -134,7 +134,7 @@ def test_cache_folder_follows_loader_cache_dir(monkeypatch, tmp_path):
 
 CONCURRENT_PROBE = """
 import json, sys
-from loader.registry import ModelRegistry
+from loader._registry import ModelRegistry
 registry = ModelRegistry()
 for i in range({count}):
     registry.register(f"Toy{{i}}ForCausalLM", "{package}.model:ToyForCausalLM", plugin="toy")

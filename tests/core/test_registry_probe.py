@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from loader._registry import ModelInfo, ModelRegistry
+from loader._registry import probe as probe_module
 from loader.errors import ConfigError, PluginError
-from loader.registry import ModelInfo, ModelRegistry
-from loader.registry import probe as probe_module
 from tests.helpers.toy_models import TOY_WITH_TORCH, TOY_WITHOUT_TORCH
 
 
@@ -41,7 +41,7 @@ def test_probe_in_a_child_never_imports_the_model_or_initialises_cuda(toys, chil
 
     assert info == ModelInfo(architecture="TorchToyForCausalLM", is_text_generation_model=True,
                              supports_pipeline_parallel=True)
-    assert len(children) == 1 and children[0][1:4] == ["-m", "loader.registry", "probe"]
+    assert len(children) == 1 and children[0][1:4] == ["-m", "loader._registry", "probe"]
     assert module not in sys.modules
     assert not torch.cuda.is_initialized()
 
@@ -191,13 +191,13 @@ def test_probe_timeout_default_and_override():
 def test_probe_command_line_prints_json_and_rejects_bad_usage(toys):
     module = toys(TOY_WITHOUT_TORCH)
     env = probe_module.child_environment()
-    done = subprocess.run([sys.executable, "-m", "loader.registry", "probe", f"Toy={module}:ToyForCausalLM",
+    done = subprocess.run([sys.executable, "-m", "loader._registry", "probe", f"Toy={module}:ToyForCausalLM",
                            f"Missing={module}:Nope"], env=env, capture_output=True, text=True, check=True)
     import json
 
     answer = json.loads(done.stdout)
     assert answer["infos"]["Toy"]["supports_tensor_parallel"] is True
     assert "has no attribute 'Nope'" in answer["errors"]["Missing"]
-    bad = subprocess.run([sys.executable, "-m", "loader.registry", "probe", "no-equals-sign"],
+    bad = subprocess.run([sys.executable, "-m", "loader._registry", "probe", "no-equals-sign"],
                          env=env, capture_output=True, text=True, check=False)
-    assert bad.returncode == 2 and "usage: python -m loader.registry probe" in bad.stderr
+    assert bad.returncode == 2 and "usage: python -m loader._registry probe" in bad.stderr

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 import loader
-from loader.distributed import simulated_tp
+from loader._distributed import simulated_tp
+from loader._pipeline.factory_dtype import factory_dtype
+from loader._plugins import create_plugin_host
+from loader._session import LoadSession, current_session, load_session
 from loader.layers import ColumnParallelLinear, RMSNorm, VocabParallelEmbedding
-from loader.pipeline.factory_dtype import factory_dtype
-from loader.plugins import create_plugin_host
-from loader.session import LoadSession, current_session, load_session
 
 
 def _session(**changes: object) -> LoadSession:

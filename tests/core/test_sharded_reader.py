@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from loader._sharded.reader import iter_part_files, read_part_header
+from loader._sharded.writer import write_safetensors
 from loader.errors import CheckpointFormatError
-from loader.sharded.reader import iter_part_files, read_part_header
-from loader.sharded.writer import write_safetensors
 from loader.weights import ReadStats
 
 

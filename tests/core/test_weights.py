@@ -18,7 +18,7 @@ class RecordingTensor(EagerTensor):
         self.log = log if log is not None else []
 
     def narrow(self, dim: int, start: int, length: int) -> RecordingTensor:
-        dim = self._check_narrow(dim, start, length)
+        dim = self.check_narrow(dim, start, length)
         rows = self.rows[start:start + length] if dim == 0 else self.rows
         return RecordingTensor(self.tensor.narrow(dim, start, length), rows, self.log)
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import loader
-from loader.generation import encode_prompt, generate_greedy, greedy_tokens, tokenizer_for
+from loader._generation import encode_prompt, generate_greedy, greedy_tokens, tokenizer_for
 from tests.helpers.hf_checkpoints import save_checkpoint
 from tests.helpers.tokenizers_files import write_tokenizer
 
@@ -66,7 +66,7 @@ def test_generate_result_text(checkpoint) -> None:  # type: ignore[no-untyped-de
 
 def test_cli_generate_json(checkpoint) -> None:  # type: ignore[no-untyped-def]
     path, _ = checkpoint
-    out = subprocess.run([sys.executable, "-m", "loader.cli.main", "generate", str(path), "--prompt", "w10 w11",
+    out = subprocess.run([sys.executable, "-m", "loader._cli.main", "generate", str(path), "--prompt", "w10 w11",
                           "--chat", "--max-new-tokens", "4", "--dtype", "float32", "--json"],
                          capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr
@@ -81,7 +81,7 @@ def test_cli_generate_chat_without_template_is_one_line(tmp_path: Path) -> None:
     cfg = json.loads((tmp_path / "tokenizer_config.json").read_text())
     del cfg["chat_template"]
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg))
-    out = subprocess.run([sys.executable, "-m", "loader.cli.main", "generate", str(tmp_path), "--prompt", "w10",
+    out = subprocess.run([sys.executable, "-m", "loader._cli.main", "generate", str(tmp_path), "--prompt", "w10",
                           "--chat"], capture_output=True, text=True, timeout=180)
     assert out.returncode == 2
     assert out.stderr == "error: --chat asked for, but the checkpoint has no chat template\n"

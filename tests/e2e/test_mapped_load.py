@@ -14,9 +14,9 @@ import torch
 from safetensors import safe_open
 
 import loader
-from loader import distributed
-from loader.mapped_parameters import is_file_backed
-from loader.sharded.save import save_sharded
+from loader import _distributed as distributed
+from loader._mapped_parameters import is_file_backed
+from loader._sharded.save import save_sharded
 from tests.helpers.hf_checkpoints import save_checkpoint, tiny_config
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mapping is Linux-only")
@@ -143,7 +143,7 @@ def test_load_json_reports_the_mapped_bytes(bf16_llama: Path, monkeypatch: pytes
                                             capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from loader.cli.main import main
+    from loader._cli.main import main
 
     monkeypatch.setenv("LOADER_MAP_MIN_BYTES", "4096")
     assert main(["load", str(bf16_llama), "--json"]) == 0

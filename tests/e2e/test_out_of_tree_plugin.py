@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from loader.context import ModelContext
+from loader._context import ModelContext
+from loader._plugins import create_plugin_host
+from loader._registry import ModelRegistry
 from loader.errors import ConfigError, ShapeMismatchError, UnexpectedWeightError
-from loader.plugins import create_plugin_host
-from loader.registry import ModelRegistry
 from loader.weights import EagerTensor
 from tests.helpers.toy_models import forget_module
 
@@ -132,7 +132,7 @@ def _loader_command(*args: str) -> list[str]:
     script = Path(sys.executable).with_name("loader")
     if script.exists():
         return [str(script), *args]
-    return [sys.executable, "-c", "import sys; from loader.cli.main import main; sys.exit(main())", *args]
+    return [sys.executable, "-c", "import sys; from loader._cli.main import main; sys.exit(main())", *args]
 
 
 @pytest.mark.slow
@@ -148,8 +148,8 @@ def test_installed_plugin_is_listed_by_loader_models(installed):
 
     check = textwrap.dedent("""
         import json, sys
-        from loader.plugins import create_plugin_host
-        from loader.registry import ModelRegistry
+        from loader._plugins import create_plugin_host
+        from loader._registry import ModelRegistry
         host = create_plugin_host()
         record = host.records["toymodel"]
         registry = ModelRegistry.from_host(host)

@@ -17,12 +17,12 @@ import pytest
 import torch
 
 import loader
-from loader import hooks
+from loader import _hooks as hooks
+from loader._options import LoadOptions
+from loader._plugins import PluginHost, create_plugin_host
+from loader._sharded.writer import write_safetensors
 from loader.checkpoint import Source, WeightFormat
 from loader.errors import CheckpointFormatError, ConfigError, SourceNotFoundError
-from loader.options import LoadOptions
-from loader.plugins import PluginHost, create_plugin_host
-from loader.sharded.writer import write_safetensors
 from loader.weights import CheckpointTensor, EagerTensor, ReadStats
 from tests.helpers.hf_checkpoints import save_checkpoint
 from tests.helpers.tokenizers_files import write_tokenizer
@@ -160,11 +160,11 @@ def test_a_bad_remote_index_is_named(tmp_path: Path, index: object, error: type[
 
 
 def test_an_oversized_remote_config_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import loader.hf_files
+    import loader.checkpoint
 
-    monkeypatch.setattr(loader.hf_files, "MAX_JSON_BYTES", 10)
+    monkeypatch.setattr(loader.checkpoint, "MAX_JSON_BYTES", 10)
     store = _store(tmp_path, {"weight_map": {"w": "a.safetensors"}})
     host = _host({"big": store})
     source = hooks.resolve_source("memory://big", OPTIONS, host)
     with pytest.raises(ConfigError, match=r"^memory://big/config.json: more than the 10 bytes allowed"):
-        loader.hf_files.read_source_file(source, "config.json", loader.hf_files.MAX_JSON_BYTES)
+        loader.checkpoint.read_source_file(source, "config.json", loader.checkpoint.MAX_JSON_BYTES)

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import loader
-from loader.errors import SourceNotFoundError, UnsupportedError
-from loader.sharded.save import save_sharded
+from loader._sharded.save import save_sharded
+from loader.errors import CheckpointFormatError, SourceNotFoundError, UnsupportedError
 from tests.helpers.hf_checkpoints import save_checkpoint
 
 WORKER = Path(__file__).parent / "scripts" / "sharded_worker.py"
@@ -85,7 +85,7 @@ def test_tp2_sharded_state_matches_full_checkpoint(llama_checkpoint: Path, tmp_p
 
 def test_sharded_state_loads_without_any_safetensors_plugin(llama_checkpoint: Path, tmp_path: Path) -> None:
     """The core reads its own part files: no plugin serving the 'safetensors' format is needed."""
-    from loader.plugins import create_plugin_host
+    from loader._plugins import create_plugin_host
 
     save_sharded(str(llama_checkpoint), tmp_path / "own", tp_size=1, dtype="float32")
     host = create_plugin_host(environ={"LOADER_DISABLE_PLUGINS": "safetensors"})
@@ -95,3 +95,15 @@ def test_sharded_state_loads_without_any_safetensors_plugin(llama_checkpoint: Pa
     assert report.load_format == "sharded_state" and report.bytes_read > 0
     ids = torch.tensor([[1, 2, 3, 250]])
     assert torch.equal(sharded(ids), full(ids))
+
+def test_a_part_linking_out_of_the_folder_is_refused(llama_checkpoint: Path, tmp_path: Path) -> None:
+    """The model folder's one rule (loader._model_folder) holds for sharded-state parts too."""
+    save_sharded(str(llama_checkpoint), tmp_path / "tp1", tp_size=1, dtype="float32")
+    saved = tmp_path / "tp1"
+    part = saved / "model-rank-0-part-0.safetensors"
+    outside = tmp_path / "elsewhere.safetensors"
+    os.replace(part, outside)
+    part.symlink_to(outside)
+    with pytest.raises(CheckpointFormatError, match=r"model-rank-0-part-0\.safetensors resolves to .*elsewhere"
+                                                    r"\.safetensors, outside the model folder"):
+        loader.load_model(str(saved), dtype="float32")

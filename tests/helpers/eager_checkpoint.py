@@ -1,7 +1,7 @@
 """A checkpoint folder's tensors as ``(name, EagerTensor)`` pairs, without the pipeline.
 
 Model-plugin tests use it to call ``load_weights`` directly on a model built
-in-process (for instance inside ``loader.distributed.simulated_tp``), so they
+in-process (for instance inside ``loader._distributed.simulated_tp``), so they
 test the name mapping and sharding without depending on a format plugin.
 """
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from loader.context import ModelContext
-from loader.hf_files import read_json_object
+from loader._context import ModelContext
+from loader.checkpoint import read_json_object
 from loader.weights import EagerTensor
 
 

@@ -40,13 +40,20 @@ def _gguf_name(hf: str) -> str:
 
 
 def write_llama_gguf(path: Path, config: Mapping[str, Any] = TINY_LLAMA, *,
-                     extra_metadata: Mapping[str, Any] | None = None, seed: int = 0) -> Path:
+                     extra_metadata: Mapping[str, Any] | None = None, seed: int = 0,
+                     alignment: int | None = None,
+                     typed_metadata: Mapping[str, tuple[Any, gguf.GGUFValueType]] | None = None) -> Path:
     """A loadable single-file Llama GGUF (F32) of ``config``; ``extra_metadata`` adds keys.
 
     An ``extra_metadata`` value that is a list becomes an int32 array, a str a string.
+    ``alignment`` writes ``general.alignment`` (uint32) and lays the data out with it, as
+    ``GGUFWriter.add_custom_alignment`` does; ``typed_metadata`` adds keys of any value type
+    (``general.alignment`` among them, which then leaves the layout at the default 32).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(path), "llama")
+    if alignment is not None:
+        writer.add_custom_alignment(alignment)
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
@@ -56,6 +63,8 @@ def write_llama_gguf(path: Path, config: Mapping[str, Any] = TINY_LLAMA, *,
     writer.add_rope_freq_base(config["rope_theta"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
+    for key, (value, vtype) in (typed_metadata or {}).items():
+        writer.add_key_value(key, value, vtype)
     for key, value in (extra_metadata or {}).items():
         if isinstance(value, list):
             writer.add_array(key, value)

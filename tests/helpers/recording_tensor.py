@@ -32,7 +32,7 @@ class RecordingTensor(CheckpointTensor):
         return self.base.dtype
 
     def narrow(self, dim: int, start: int, length: int) -> RecordingTensor:
-        dim = self._check_narrow(dim, start, length)
+        dim = self.check_narrow(dim, start, length)
         window = list(self.window)
         window[dim] = (window[dim][0] + start, length)
         return RecordingTensor(self.base, self.name, self.file, tuple(window), self.log)

@@ -16,7 +16,7 @@ from pathlib import Path
 __all__ = ["TOY_WITH_TORCH", "TOY_WITHOUT_TORCH", "forget_module", "write_module"]
 
 TOY_WITHOUT_TORCH = """
-from loader.interfaces import SupportsQuantization, SupportsTensorParallel
+from loader._interfaces import SupportsQuantization, SupportsTensorParallel
 
 class ToyForCausalLM(SupportsTensorParallel, SupportsQuantization):
     is_text_generation_model = True
@@ -32,7 +32,7 @@ class PlainModel:
 
 TOY_WITH_TORCH = """
 import torch
-from loader.interfaces import SupportsPipelineParallel
+from loader._interfaces import SupportsPipelineParallel
 
 class TorchToyForCausalLM(torch.nn.Module, SupportsPipelineParallel):
     is_text_generation_model = True

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import loader
-from loader.cli.main import main
+from loader._cli.main import main
 from loader.errors import ConfigError, LoadError, SourceNotFoundError, UnsupportedError
 from tests.helpers.malformed import TINY_LLAMA, write_config, write_llama_checkpoint
 from tests.helpers.tokenizers_files import write_tokenizer
@@ -52,7 +52,7 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def sharded(llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from loader.sharded.save import save_sharded
+    from loader._sharded.save import save_sharded
 
     out = tmp_path_factory.mktemp("sharded") / "tp1"
     save_sharded(str(llama), out, tp_size=1, dtype="float32")
@@ -134,7 +134,7 @@ def test_save_sharded_refuses_a_part_size_that_is_not_a_positive_number(
 
 
 def test_save_sharded_api_refuses_a_part_size_below_one_byte(llama: Path, tmp_path: Path) -> None:
-    from loader.sharded.save import save_sharded
+    from loader._sharded.save import save_sharded
 
     with pytest.raises(UnsupportedError, match="max_part_bytes must be a positive integer, found 0"):
         save_sharded(str(llama), tmp_path / "out", tp_size=1, max_part_bytes=0)
@@ -142,7 +142,7 @@ def test_save_sharded_api_refuses_a_part_size_below_one_byte(llama: Path, tmp_pa
 
 def test_save_sharded_to_an_unwritable_output_is_one_line(
         llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from loader.sharded.save import save_sharded
+    from loader._sharded.save import save_sharded
 
     (tmp_path / "a-file").write_text("")
     out = tmp_path / "a-file" / "out"
@@ -181,8 +181,8 @@ def test_device_meta_is_refused_rather_than_reported_loaded(
 
 def test_an_allow_list_naming_a_missing_plugin_says_so(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from loader import plugins
-    from loader.plugins import create_plugin_host
+    from loader import _plugins as plugins
+    from loader._plugins import create_plugin_host
 
     with pytest.raises(ConfigError, match="LOADER_PLUGINS names 'safetensorz'") as info:
         create_plugin_host(environ={"LOADER_PLUGINS": "safetensorz, llama"})
@@ -193,7 +193,7 @@ def test_an_allow_list_naming_a_missing_plugin_says_so(
 
 
 def test_generate_refuses_an_empty_prompt(llama: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from loader.generation import generate_greedy, tokenizer_for
+    from loader._generation import generate_greedy, tokenizer_for
 
     model = loader.load_model(str(llama), dtype="float32")
     with pytest.raises(UnsupportedError, match="--prompt '' encodes to no tokens"):
@@ -214,7 +214,7 @@ TOO_LONG_REPEAT = "{{ 'x' * 10 ** 9 }}"
     (TOO_LONG_REPEAT, "output longer than 1000000 characters"),
 ])
 def test_chat_template_limits(template: str, fragment: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from loader import chat_template
+    from loader import _chat_template as chat_template
 
     monkeypatch.setattr(chat_template, "TIME_LIMIT_S", 0.5)
     tracer = sys.gettrace()

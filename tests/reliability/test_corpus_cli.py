@@ -1,7 +1,7 @@
 """The whole corpus through ``loader load``: exit code 2, one ``error:`` line naming the culprit, no traceback.
 
-Most cases run the CLI in-process (``loader.cli.main.main``) to keep the suite
-fast; a few run ``python -m loader.cli.main`` for real, so the console path
+Most cases run the CLI in-process (``loader._cli.main.main``) to keep the suite
+fast; a few run ``python -m loader._cli.main`` for real, so the console path
 (interpreter start, plugin discovery, exit status) is covered too.
 """
 
@@ -14,14 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from loader.cli.main import main
+from loader._cli.main import main
 from tests.reliability import (
+    test_bounded_resources,
     test_corpus_bnb,
     test_corpus_config,
     test_corpus_contract,
     test_corpus_gguf,
     test_corpus_pickle,
     test_corpus_safetensors,
+    test_gguf_layout,
+    test_hub_cache,
 )
 from tests.reliability.corpus import CorpusCase, case_params, check_built
 
@@ -32,6 +35,9 @@ ALL_CASES: list[CorpusCase] = [
     *test_corpus_gguf.CASES,
     *test_corpus_bnb.CASES,
     *test_corpus_contract.CASES,
+    *test_hub_cache.CASES,
+    *test_gguf_layout.CASES,
+    *test_bounded_resources.CASES,
 ]
 
 SUBPROCESS_CASES = ("truncated-mid-tensor", "hidden-size-not-integer", "bin-runs-code-zip", "gguf-wrong-magic",
@@ -66,7 +72,7 @@ def test_cli_in_a_real_process(case_id: str, tmp_path: Path) -> None:
     built = case.build(tmp_path)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
-        [sys.executable, "-m", "loader.cli.main", "load", str(built.source)],
+        [sys.executable, "-m", "loader._cli.main", "load", str(built.source)],
         capture_output=True, text=True, timeout=120, env=env, check=False,
     )
     assert done.returncode == 2, done.stderr

@@ -128,7 +128,7 @@ def test_malformed_config_is_refused_naming_the_field(case: CorpusCase, tmp_path
 
 
 def test_absurd_sizes_are_refused_before_any_parameter_is_allocated(tmp_path: Path, monkeypatch) -> None:
-    from loader.pipeline import load as load_module
+    from loader._pipeline import load as load_module
 
     def must_not_allocate(*args: object, **kwargs: object) -> None:
         raise AssertionError("parameters were allocated for an absurd config")

@@ -32,7 +32,7 @@ def _sharded(tp_size_json: str) -> Callable[[Path], Built]:
     """A valid tp=1 sharded-state folder whose marker's ``tp_size`` is replaced by raw JSON text."""
 
     def build(folder: Path) -> Built:
-        from loader.sharded.save import save_sharded
+        from loader._sharded.save import save_sharded
 
         source = folder / "source"
         write_llama_checkpoint(source, shards=1)

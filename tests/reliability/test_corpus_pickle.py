@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 
 from loader.errors import CheckpointFormatError
 from tests.helpers.malformed import PICKLE_LAYOUTS, llama_tensors, write_code_running_pickle, write_config
+from tests.helpers.pickle_zips import data_record_names, repack_zip
 from tests.reliability.corpus import Built, CorpusCase, assert_load_refused, case_params
 
 BIN = "pytorch_model.bin"
@@ -55,6 +57,34 @@ def _nested(path: Path) -> None:
     torch.save({"state_dict": dict(llama_tensors())}, path)
 
 
+def _short_storage_record(path: Path) -> None:
+    saved = path.with_suffix(".saved")
+    torch.save(llama_tensors(), saved)
+    last = data_record_names(saved)[-1]
+    repack_zip(saved, path, edit=lambda name, data: data[:-4] if name == last else data)
+    saved.unlink()
+
+
+def _rebuilt(edit_names: dict[str, int | None], added: tuple[str, bytes] | None = None
+             ) -> Callable[[Path], None]:
+    """``torch.save`` output rebuilt with some records dropped (``None``) or given a compression method."""
+
+    def write(path: Path) -> None:
+        saved = path.with_suffix(".saved")
+        torch.save(llama_tensors(), saved)
+        with zipfile.ZipFile(saved) as original, zipfile.ZipFile(path, "w") as rebuilt:
+            for info in original.infolist():
+                suffix = info.filename.split("/", 1)[1]
+                method = edit_names.get(suffix, zipfile.ZIP_STORED)
+                if method is not None:
+                    rebuilt.writestr(info.filename, original.read(info), compress_type=method)
+            if added is not None:
+                rebuilt.writestr(f"{path.stem}/{added[0]}", added[1])
+        saved.unlink()
+
+    return write
+
+
 def _index_outside(folder: Path) -> Built:
     model = folder / "model"
     write_config(model)
@@ -76,6 +106,18 @@ CASES = [
     CorpusCase("bin-nested-state-dict", _bin(_nested, "entry 'state_dict' is a dict, expected a tensor"),
                CheckpointFormatError),
     CorpusCase("bin-index-parent-path", _index_outside, CheckpointFormatError),
+    CorpusCase("bin-storage-record-short", _bin(_short_storage_record, "storage record 'pytorch_model/data/",
+                                                "holds 8188 bytes", "needs 8192"), CheckpointFormatError),
+    CorpusCase("bin-zip-record-twice", _bin(_rebuilt({}, ("data.pkl", b"\x80\x02N.")),
+                                            "zip record 'pytorch_model/data.pkl' appears twice"),
+               CheckpointFormatError),
+    CorpusCase("bin-zip-bzip2-record", _bin(_rebuilt({"data/3": zipfile.ZIP_BZIP2}),
+                                            "zip record 'pytorch_model/data/3' uses compression method 12"),
+               CheckpointFormatError),
+    CorpusCase("bin-zip-no-version", _bin(_rebuilt({"version": None}),
+                                          "has no 'pytorch_model/version' record"), CheckpointFormatError),
+    CorpusCase("bin-zip-storage-missing", _bin(_rebuilt({"data/5": None}), "names storage '5'",
+                                               "no record 'pytorch_model/data/5'"), CheckpointFormatError),
 ]
 
 
@@ -106,3 +148,20 @@ def test_refusal_names_the_global_without_advising_to_turn_safety_off(tmp_path: 
     assert "unsupported global exec" in message
     assert "weights_only" not in message and "safe_globals" not in message
     assert len(message) < 300 + len(str(tmp_path)), message
+
+
+@pytest.mark.parametrize("compression", [zipfile.ZIP_DEFLATED, zipfile.ZIP_STORED])
+def test_repacked_bin_loads_the_same_model(tmp_path: Path, compression: int) -> None:
+    """A ``torch.save`` archive repacked by a zip tool loads the same weights (it used to load NaN logits)."""
+    import loader
+
+    saved, model = tmp_path / "saved", tmp_path / "model"
+    write_config(saved)
+    torch.save(llama_tensors(), saved / BIN)
+    write_config(model)
+    repack_zip(saved / BIN, model / BIN, compression=compression)
+    expected = loader.load_model(str(saved), dtype="float32").state_dict()
+    loaded = loader.load_model(str(model), dtype="float32").state_dict()
+    assert set(loaded) == set(expected)
+    for name, values in expected.items():
+        assert torch.equal(loaded[name], values), name

@@ -19,7 +19,7 @@ import torch
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from loader.context import ModelContext
+from loader._context import ModelContext
 from loader.errors import LoadError
 from loader_plugin_llama.config import (
     MAX_HEAD_DIM,

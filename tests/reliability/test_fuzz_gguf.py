@@ -1,5 +1,10 @@
 """Fuzzing the GGUF reader end to end: damaged files parse, configure and stream, or raise a LoadError.
 
+A second harness moves the tensor table (offsets onto each other, shifted, swapped; the
+alignment's value and type) of files written with ``general.alignment`` 32 and 1: what is
+accepted must be laid out as ggml's ``gguf_init`` requires and read, bit for bit, as
+gguf-py's ``GGUFReader`` reads it.
+
 Each example damages a valid tiny Llama GGUF: extreme values written into its
 counts, lengths, value types, tensor ranks, dims, types and offsets; random
 bytes anywhere in the header; truncation. Then the plugin's header reader, its
@@ -13,6 +18,7 @@ import itertools
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
@@ -21,6 +27,7 @@ from loader.errors import CheckpointFormatError, LoadError
 from loader.weights import ReadStats
 from loader_plugin_gguf.config import hf_config
 from loader_plugin_gguf.header import read_header
+from loader_plugin_gguf.tensors import GGUFTensor, MappedFile
 from loader_plugin_gguf.weight_stream import iter_gguf_weights
 from tests.helpers.malformed_gguf import field_offsets, metadata_value_offset, write_llama_gguf
 from tests.reliability.conftest import FUZZ_PROFILE
@@ -113,3 +120,91 @@ def test_zero_length_dimension_is_refused(valid) -> None:
     path.write_bytes(bytes(out))
     with pytest.raises(CheckpointFormatError, match="tensor 'output_norm.weight' has a zero-length dimension"):
         dict(iter_gguf_weights([str(path)], ReadStats()))
+
+
+# -- the tensor table: offsets and alignment, against gguf-py's reader --------------------------------------
+
+TABLE_ALIGNMENTS = [0, 1, 2, 3, 4, 8, 16, 31, 32, 64, 128, 4096, 1 << 31, (1 << 32) - 1]
+
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[tuple[bytes, list[int], int]]]:
+    """Valid files written with ``general.alignment`` 32 and 1: bytes, each tensor's offset field, the alignment's."""
+    folder = tmp_path_factory.mktemp("fuzz-gguf-table")
+    bases = []
+    for alignment in (32, 1):
+        path = write_llama_gguf(folder / f"aligned-{alignment}.gguf", alignment=alignment)
+        blob = path.read_bytes()
+        offsets = [field_offsets(blob, t.name).data_offset for t in read_header(path).tensors]
+        bases.append((blob, offsets, metadata_value_offset(blob, "general.alignment")))
+    return folder, bases
+
+
+@st.composite
+def moved_table(draw: st.DrawFn, bases: list[tuple[bytes, list[int], int]]) -> bytes:
+    """Offsets moved onto each other, shifted, swapped; the alignment's value or type changed; the tail cut."""
+    blob, fields, alignment_at = draw(st.sampled_from(bases))
+    out = bytearray(blob)
+    offset_of = [int.from_bytes(blob[at:at + 8], "little") for at in fields]
+    for _ in range(draw(st.integers(1, 3))):
+        kind = draw(st.sampled_from(["onto", "shift", "swap", "extreme", "alignment", "alignment-type"]))
+        i, j = draw(st.integers(0, len(fields) - 1)), draw(st.integers(0, len(fields) - 1))
+        if kind == "onto":
+            value = offset_of[j]
+        elif kind == "shift":
+            value = max(0, offset_of[i] + draw(st.sampled_from([-64, -32, -4, -1, 1, 2, 4, 32, 64])))
+        elif kind == "swap":
+            value = offset_of[j]
+            out[fields[j]:fields[j] + 8] = offset_of[i].to_bytes(8, "little")
+        elif kind == "extreme":
+            value = draw(EXTREME_INTS) % (1 << 64)
+        if kind == "alignment":
+            out[alignment_at + 4:alignment_at + 8] = draw(st.sampled_from(TABLE_ALIGNMENTS)).to_bytes(4, "little")
+        elif kind == "alignment-type":
+            out[alignment_at:alignment_at + 4] = draw(st.integers(0, 13)).to_bytes(4, "little")
+        else:
+            out[fields[i]:fields[i] + 8] = value.to_bytes(8, "little")
+    if draw(st.integers(0, 5)) == 0:
+        out = out[: len(out) - draw(st.integers(1, 64))]
+    return bytes(out)
+
+
+def _check_against_gguf_py(path: Path) -> None:
+    """An accepted table is laid out as ggml requires, and every tensor reads as gguf-py's reader reads it."""
+    import gguf
+
+    header = read_header(path)
+    alignment = int(header.metadata.get("general.alignment", 32))
+    expected = header.data_start
+    for info in header.tensors:
+        assert info.offset == expected, info.name
+        expected += -(-info.nbytes // alignment) * alignment
+    reference = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+    stats = ReadStats()
+    for info in header.tensors:
+        assert reference[info.name].data_offset == info.offset, info.name
+        got = GGUFTensor(info, MappedFile(path), stats).read()
+        expected = np.ascontiguousarray(reference[info.name].data, dtype=np.float32)
+        assert got.numpy().tobytes() == expected.tobytes(), info.name  # bit for bit: shifted bytes can be NaN
+
+
+@FUZZ
+@given(st.data())
+def test_moved_tensor_table_reads_as_gguf_py_or_raises_load_error(tables, data: st.DataObject) -> None:
+    folder, bases = tables
+    path = folder / f"moved-{next(_NAMES)}.gguf"
+    path.write_bytes(data.draw(moved_table(bases)))
+    try:
+        try:
+            _check_against_gguf_py(path)
+        except LoadError:
+            raise
+        except BaseException as e:
+            print("DEBUG", type(e).__name__, str(e)[:150])
+            raise
+        event("accepted, equal to gguf-py")
+    except LoadError as exc:
+        event(f"refused: {type(exc).__name__}")
+        assert str(path) in str(exc)
+    finally:
+        path.unlink()

@@ -1,6 +1,6 @@
 """Fuzzing the weight index: any ``weight_map`` is applied or refused with a LoadError, never escapes the folder.
 
-:func:`loader.pipeline.prepare.filter_weight_files` reads the index and keeps
+:func:`loader._pipeline.prepare.filter_weight_files` reads the index and keeps
 the shards it names. The harness writes an index whose ``weight_map`` holds
 hostile file names (traversal, absolute paths, NUL bytes, names too long for
 the file system, a symlink out of the folder, sub-folders, non-strings) next to
@@ -18,9 +18,9 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from loader._pipeline.prepare import filter_weight_files
 from loader.checkpoint import Source, WeightFormat
 from loader.errors import LoadError
-from loader.pipeline.prepare import filter_weight_files
 from tests.reliability.conftest import FUZZ_PROFILE
 from tests.reliability.fuzz_values import json_values, path_like_names
 

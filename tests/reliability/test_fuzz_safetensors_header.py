@@ -44,11 +44,13 @@ def check_invariants(header: SafetensorsHeader) -> None:
     for info in header.tensors.values():
         assert header.data_start <= info.begin <= info.end <= header.file_size
         assert info.nbytes == info.numel() * info.dtype.itemsize
-        if info.nbytes:
-            spans.append((info.begin, info.end))
+        spans.append((info.begin, info.end))
     spans.sort()
     for (_, end), (begin, _) in itertools.pairwise(spans):
-        assert end <= begin, "accepted overlapping tensors"
+        assert end == begin, "accepted overlapping tensors, or a gap between two"
+    # the reference reader's rules: the data starts with the first tensor and ends with the last
+    assert (spans[0][0] if spans else header.data_start) == header.data_start
+    assert (spans[-1][1] if spans else header.data_start) == header.file_size, "accepted uncovered bytes"
 
 
 @st.composite

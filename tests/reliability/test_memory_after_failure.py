@@ -69,7 +69,7 @@ def _cut_last_shard(last: Path) -> None:
 @pytest.fixture
 def watched(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """Record a weakref to the model once materialized, and the highest RSS seen at the load's checkpoints."""
-    from loader.pipeline import load as load_module
+    from loader._pipeline import load as load_module
     from loader_plugin_safetensors import stream as stream_module
 
     seen: dict[str, Any] = {"model": None, "peak": 0}

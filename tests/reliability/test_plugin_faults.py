@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 import loader
+from loader._cli.main import main
+from loader._plugins import PluginHost, create_plugin_host, use_plugin_host
 from loader.checkpoint import WeightFormat
-from loader.cli.main import main
 from loader.errors import PluginError
 from loader.layers.quantization import QuantizationConfig
-from loader.plugins import PluginHost, create_plugin_host, use_plugin_host
 from loader.weights import EagerTensor
 from tests.helpers.malformed import llama_tensors, write_llama_checkpoint
 

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 
 import loader
-from loader.cli.main import main
-from loader.plugins import create_plugin_host, use_plugin_host
-from loader.registry import ModelRegistry, ProbeCache
-from loader.registry import probe as probe_module
+from loader._cli.main import main
+from loader._plugins import create_plugin_host, use_plugin_host
+from loader._registry import ModelRegistry, ProbeCache
+from loader._registry import probe as probe_module
 from tests.helpers.malformed import write_llama_checkpoint
 from tests.helpers.toy_models import TOY_WITHOUT_TORCH, forget_module, write_module
 

@@ -1,8 +1,11 @@
-"""TP-aware building blocks shared by model and quantization plugins.
+"""Public: TP-aware building blocks shared by model and quantization plugins.
 
-Names are imported on first access (PEP 562), so ``import
-loader.layers.quantization`` from a plugin's light entry-point module does not
-pull in torch.
+The parallel layers, the parameter layouts and weight loaders, and the
+quantization bases (:class:`QuantizationConfig` and its methods). Plugins
+import these names from ``loader.layers``; its submodules are internal.
+Names are imported on first access (PEP 562), so ``from loader.layers import
+QuantizationConfig`` in a plugin's light entry-point module does not pull in
+torch.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ if TYPE_CHECKING:
         QKVParallelLinear,
         RowParallelLinear,
     )
-    from .param_layout import ParamLayout, layout_of, param_shape, set_param_layout, weight_loader_of
+    from .param_layout import ParamLayout, PartLoader, layout_of, param_shape, set_param_layout, weight_loader_of
     from .quantization import (
         LinearMethodBase,
         QuantizationConfig,
@@ -30,7 +33,8 @@ if TYPE_CHECKING:
         UnquantizedLinearMethod,
         WeightLoader,
     )
-    from .rotary_embedding import RotaryEmbedding, get_rope
+    from .rotary_embedding import ROPE_SCALING_FIELDS, RotaryEmbedding, get_rope
+    from .shard_loading import NarrowedPart, OutputPart, ShardId
     from .vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 
 __all__ = [
@@ -40,14 +44,19 @@ __all__ = [
     "LinearBase",
     "LinearMethodBase",
     "MergedColumnParallelLinear",
+    "NarrowedPart",
+    "OutputPart",
     "ParallelLMHead",
     "ParamLayout",
+    "PartLoader",
     "QKVParallelLinear",
     "QuantizationConfig",
     "QuantizeMethodBase",
     "RMSNorm",
+    "ROPE_SCALING_FIELDS",
     "RotaryEmbedding",
     "RowParallelLinear",
+    "ShardId",
     "SiluAndMul",
     "UnquantizedLinearMethod",
     "VocabParallelEmbedding",
@@ -72,6 +81,7 @@ _HOME = {
     "QKVParallelLinear": "linear",
     "RowParallelLinear": "linear",
     "ParamLayout": "param_layout",
+    "PartLoader": "param_layout",
     "layout_of": "param_layout",
     "param_shape": "param_layout",
     "set_param_layout": "param_layout",
@@ -83,6 +93,10 @@ _HOME = {
     "WeightLoader": "quantization",
     "RotaryEmbedding": "rotary_embedding",
     "get_rope": "rotary_embedding",
+    "ROPE_SCALING_FIELDS": "rotary_embedding",
+    "NarrowedPart": "shard_loading",
+    "OutputPart": "shard_loading",
+    "ShardId": "shard_loading",
     "ParallelLMHead": "vocab_embedding",
     "VocabParallelEmbedding": "vocab_embedding",
 }

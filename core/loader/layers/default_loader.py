@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..mapped_parameters import fill_parameter
+from .._mapped_parameters import fill_parameter
 from ..weights import check_shape
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..session import current_session
+from .._session import current_session
 from .default_loader import default_weight_loader
 from .param_layout import ParamLayout, set_param_layout
 

@@ -8,8 +8,8 @@ lives in one place, :class:`~loader.layers.shard_loading.ShardedWeightLoading`
 plugins reuse, so the TP arithmetic is never duplicated. This module holds
 the layers themselves: their per-rank sizes, parts and forward math.
 
-Rank and size are read from :mod:`loader.distributed` when a layer is built;
-wrap construction in :func:`loader.distributed.simulated_tp` to build another
+Rank and size are read from :mod:`loader._distributed` when a layer is built;
+wrap construction in :func:`loader._distributed.simulated_tp` to build another
 rank's shard in a single process (tests do).
 
 Units along ``output_dim`` are logical output features, divided by
@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from .. import distributed
-from ..session import current_session
+from .. import _distributed
+from .._session import current_session
 from .param_layout import ParamLayout, set_param_layout
 from .quantization import LinearMethodBase, linear_method_for
 from .shard_loading import OutputPart, ShardedWeightLoading, ShardId
@@ -134,7 +134,7 @@ class ColumnParallelLinear(LinearBase):
         self.gather_output = gather_output
         sizes = output_sizes if output_sizes is not None else [output_size]
         partition_sizes = [
-            distributed.divide(s, self.tp_size, self._label("output_size")) for s in sizes
+            _distributed.divide(s, self.tp_size, self._label("output_size")) for s in sizes
         ]
         self.output_size_per_partition = sum(partition_sizes)
         self._create_weights(input_size, partition_sizes, self.output_size_per_partition if bias else None)
@@ -152,7 +152,7 @@ class ColumnParallelLinear(LinearBase):
         return out
 
     def _gather(self, out: torch.Tensor) -> torch.Tensor:
-        gathered = distributed.all_gather(out, dim=-1)
+        gathered = _distributed.all_gather(out, dim=-1)
         if len(self.output_partition_sizes) == 1:
             return gathered
         # rank-major [r0: p0 p1, r1: p0 p1] -> part-major [p0: r0 r1, p1: r0 r1]
@@ -231,7 +231,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.head_size = head_size
         self.total_num_heads = total_num_heads
         self.total_num_kv_heads = total_num_kv_heads
-        self.num_heads = distributed.divide(total_num_heads, tp, "num_attention_heads")
+        self.num_heads = _distributed.divide(total_num_heads, tp, "num_attention_heads")
         if tp >= total_num_kv_heads:
             if tp % total_num_kv_heads:
                 raise UnsupportedError(
@@ -241,7 +241,7 @@ class QKVParallelLinear(ColumnParallelLinear):
             self.num_kv_heads = 1
             self.num_kv_head_replicas = tp // total_num_kv_heads
         else:
-            self.num_kv_heads = distributed.divide(total_num_kv_heads, tp, "num_key_value_heads")
+            self.num_kv_heads = _distributed.divide(total_num_kv_heads, tp, "num_key_value_heads")
             self.num_kv_head_replicas = 1
         self.q_size = self.num_heads * head_size
         self.kv_size = self.num_kv_heads * head_size
@@ -297,7 +297,7 @@ class RowParallelLinear(LinearBase):
             input_size, output_size, params_dtype=params_dtype, quant_config=quant_config, prefix=prefix
         )
         self.reduce_results = reduce_results
-        per_rank = distributed.divide(input_size, self.tp_size, self._label("input_size"))
+        per_rank = _distributed.divide(input_size, self.tp_size, self._label("input_size"))
         self._create_weights(per_rank, [output_size], output_size if bias else None)
 
     def _output_part(self, shard_id: ShardId) -> OutputPart:
@@ -310,7 +310,7 @@ class RowParallelLinear(LinearBase):
             return self.quant_method.apply(self, x, self.bias)
         if not self.reduce_results:
             return self.quant_method.apply(self, x, self.bias if self.tp_rank == 0 else None)
-        out = distributed.all_reduce(self.quant_method.apply(self, x, None))
+        out = _distributed.all_reduce(self.quant_method.apply(self, x, None))
         if self.bias is not None:
             out = out + self.bias
         return out

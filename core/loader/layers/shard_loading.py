@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 
+from .._mapped_parameters import fill_parameter
 from ..errors import PackedSplitError
-from ..mapped_parameters import fill_parameter
 from .default_loader import check_shape
 from .param_layout import ParamLayout, layout_of, param_shape
 

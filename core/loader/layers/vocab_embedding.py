@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import distributed
-from ..mapped_parameters import fill_parameter
-from ..session import current_session
+from .. import _distributed
+from .._mapped_parameters import fill_parameter
+from .._session import current_session
 from .default_loader import check_shape
 from .param_layout import ParamLayout, layout_of, set_param_layout
 
@@ -99,7 +99,7 @@ class VocabParallelEmbedding(nn.Module):
         outside = (input_ids < self.vocab_start) | (input_ids >= self.vocab_end)
         local = (input_ids - self.vocab_start).masked_fill(outside, 0)
         out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0)
-        return distributed.all_reduce(out)
+        return _distributed.all_reduce(out)
 
     def extra_repr(self) -> str:
         return (
@@ -153,5 +153,5 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         logits = F.linear(hidden, self.weight, self.bias)
-        logits = distributed.all_gather(logits, dim=-1)
+        logits = _distributed.all_gather(logits, dim=-1)
         return logits[..., : self.num_embeddings].float()

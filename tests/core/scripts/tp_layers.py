@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from loader import distributed
+from loader import _distributed as distributed
+from loader._session import current_session
 from loader.layers import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
@@ -27,7 +28,6 @@ from loader.layers import (
     VocabParallelEmbedding,
 )
 from loader.layers.param_layout import weight_loader_of
-from loader.session import current_session
 from loader.weights import EagerTensor
 from tests.helpers.recording_tensor import RecordingTensor
 from tests.helpers.torchrun_exit import exit_rank

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import loader
-from loader.distributed import simulated_tp
+from loader._distributed import simulated_tp
 from loader_plugin_bnb.linear_method import BitsAndBytesLinearMethod
 from tests.helpers.bnb_checkpoints import dequantized_linear_weights
 from tests.helpers.hf_checkpoints import save_checkpoint, tiny_config

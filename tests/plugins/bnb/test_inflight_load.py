@@ -126,7 +126,7 @@ def test_full_precision_tensors_are_dropped_as_soon_as_they_are_quantized(checkp
     # peak memory stays near the quantized model plus one tensor: no dense slice outlives its own quantization
     import weakref
 
-    import loader.hooks
+    import loader._hooks
     from loader.weights import CheckpointTensor
 
     alive: list[weakref.ref] = []
@@ -148,8 +148,8 @@ def test_full_precision_tensors_are_dropped_as_soon_as_they_are_quantized(checkp
             alive.append(weakref.ref(values))
             return values
 
-    original = loader.hooks.iter_weights
-    monkeypatch.setattr(loader.hooks, "iter_weights", lambda *a, **k: (
+    original = loader._hooks.iter_weights
+    monkeypatch.setattr(loader._hooks, "iter_weights", lambda *a, **k: (
         (name, Tracking(t) if name.endswith("proj.weight") else t) for name, t in original(*a, **k)))
     path, _ = checkpoints["llama"]
     loader.load_model(str(path), dtype="float32", quantization="bitsandbytes")

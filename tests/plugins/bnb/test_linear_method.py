@@ -6,11 +6,11 @@ import bitsandbytes.functional as F
 import pytest
 import torch
 
-from loader.distributed import simulated_tp
+from loader._distributed import simulated_tp
+from loader._plugins import create_plugin_host, use_plugin_host
 from loader.errors import CheckpointFormatError, MissingWeightsError, UnsupportedError
 from loader.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from loader.layers.param_layout import weight_loader_of
-from loader.plugins import create_plugin_host, use_plugin_host
 from loader.weights import EagerTensor
 from loader_plugin_bnb.config import BitsAndBytesConfig
 from loader_plugin_bnb.grouping import group_packed_weights

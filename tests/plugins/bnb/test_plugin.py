@@ -8,10 +8,10 @@ import sys
 import pytest
 import torch
 
-from loader import hooks
+from loader import _hooks as hooks
+from loader._options import LoadOptions
+from loader._plugins import create_plugin_host
 from loader.errors import ConfigError, FusedLayerSkipError, UnsupportedError
-from loader.options import LoadOptions
-from loader.plugins import create_plugin_host
 from loader_plugin_bnb.config import BitsAndBytesConfig
 
 BNB_CHECKPOINT = {

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import loader
-from loader.distributed import simulated_tp
+from loader._distributed import simulated_tp
 from loader.errors import CheckpointFormatError, UnsupportedError
 from loader_plugin_bnb.linear_method import BitsAndBytesLinearMethod
 from tests.helpers.bnb_checkpoints import dequantized_linear_weights, load_transformers_bnb, save_bnb_checkpoint

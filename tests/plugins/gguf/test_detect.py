@@ -90,8 +90,8 @@ def test_asking_for_gguf_where_there_is_none_says_so(tmp_path):
 
 
 def test_detection_through_the_plugin_host(tmp_path, tiny_gguf):
-    from loader.hooks import detect_format
-    from loader.plugins import create_plugin_host
+    from loader._hooks import detect_format
+    from loader._plugins import create_plugin_host
 
     path, _ = tiny_gguf("qwen2")
     folder = tmp_path / "repo"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from loader.plugins import create_plugin_host
+from loader._plugins import create_plugin_host
 
 
 def test_plugin_is_loaded_with_its_hooks():
@@ -32,8 +32,8 @@ def test_entry_point_module_imports_no_heavy_package():
 def test_hooks_ignore_other_formats(tmp_path):
     import torch
 
+    from loader._options import LoadOptions, parse_dtype
     from loader.checkpoint import Source, WeightFormat
-    from loader.options import LoadOptions, parse_dtype
     from loader.weights import ReadStats
     from loader_plugin_gguf import plugin
 

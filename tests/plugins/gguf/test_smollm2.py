@@ -37,9 +37,9 @@ def smollm2() -> Path:
 @pytest.fixture(scope="module")
 def loaded(smollm2):
     import loader
+    from loader._hooks import detect_format, load_tokenizer
+    from loader._plugins import create_plugin_host
     from loader.checkpoint import Source
-    from loader.hooks import detect_format, load_tokenizer
-    from loader.plugins import create_plugin_host
 
     host = create_plugin_host()
     source = Source(location=str(smollm2), path=smollm2)
@@ -48,7 +48,7 @@ def loaded(smollm2):
 
 
 def test_chat_answer_names_paris(loaded):
-    from loader.generation import generate_greedy
+    from loader._generation import generate_greedy
 
     model, bundle = loaded
     result = generate_greedy(model, bundle, QUESTION, max_new_tokens=20, chat=True)
@@ -59,7 +59,7 @@ def test_chat_answer_names_paris(loaded):
 def test_chat_prompt_logits_match_transformers_gguf(loaded, smollm2):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from loader.generation import encode_prompt
+    from loader._generation import encode_prompt
 
     model, bundle = loaded
     ids = encode_prompt(bundle, QUESTION, chat=True)

@@ -18,13 +18,20 @@ from tests.helpers.gguf_files import Q, encode, random_blocks
 ROWS, COLS = 16, 512
 
 
-@pytest.fixture(scope="module")
-def gguf_file(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
-    """A file with one tensor per interesting type, and each one's reference float32 values."""
-    path = tmp_path_factory.mktemp("tensors") / "t.gguf"
+def _write_types(path: Path, alignment: int | None = None) -> dict[str, np.ndarray]:
+    """One tensor per interesting type; each one's reference float32 values.
+
+    With ``alignment`` 1, a 3-byte int8 tensor first puts every later tensor at an odd offset.
+    """
     rng = np.random.default_rng(0)
     writer = gguf.GGUFWriter(str(path), "llama")
     expected: dict[str, np.ndarray] = {}
+    if alignment is not None:
+        writer.add_custom_alignment(alignment)
+        writer.add_tensor("odd.byte", np.arange(3, dtype=np.int8))
+        one_block = rng.standard_normal(32).astype(np.float32)
+        writer.add_tensor("one_block.weight", gguf.quants.quantize(one_block, Q.Q8_0), raw_dtype=Q.Q8_0)
+        expected["one_block.weight"] = gguf.quants.dequantize(gguf.quants.quantize(one_block, Q.Q8_0), Q.Q8_0)
     values = rng.standard_normal((ROWS, COLS)).astype(np.float32)
     for qtype in (Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q5_1, Q.Q8_0):
         data = encode(values, qtype)
@@ -43,7 +50,26 @@ def gguf_file(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path, expected
+    return expected
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
+    """A file with one tensor per interesting type, and each one's reference float32 values."""
+    path = tmp_path_factory.mktemp("tensors") / "t.gguf"
+    return path, _write_types(path)
+
+
+def test_reads_at_odd_offsets_match_gguf_py(tmp_path):
+    """``general.alignment`` 1: no tensor starts where a float view could; each is copied, every value equal."""
+    path = tmp_path / "odd.gguf"
+    expected = _write_types(path, alignment=1)
+    header = read_header(path)
+    assert {t.offset % 2 for t in header.tensors if t.name != "odd.byte"} == {1}
+    for name, values in expected.items():
+        for dtype in (torch.float32, torch.bfloat16):
+            got = handle(path, name).read(dtype)
+            assert torch.equal(got, torch.from_numpy(values.reshape(got.shape)).to(dtype)), (name, dtype)
 
 
 def handle(path: Path, name: str, stats: ReadStats | None = None) -> GGUFTensor:

@@ -61,3 +61,39 @@ def test_config_variants_match_transformers(tmp_path, overrides):
         assert model.lm_head.weight is model.model.embed_tokens.weight
         assert model.model.layers[0].self_attn.o_proj.bias is not None
     assert_logits_match(model, reference)
+
+
+@pytest.mark.parametrize(
+    ("rope_parameters", "rope_scaling", "top_level"),
+    [
+        pytest.param({"rope_type": "default", "rope_theta": 500000.0}, {"rope_type": "linear", "factor": 4.0},
+                     {}, id="scaling-replaces-parameters-theta-defaults"),
+        pytest.param({"rope_type": "default", "rope_theta": 500000.0}, {"type": "linear", "factor": 4.0},
+                     {"rope_theta": 20000.0}, id="scaling-takes-top-level-theta"),
+        pytest.param({"rope_type": "linear", "factor": 4.0, "rope_theta": 500000.0},
+                     {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 3000.0}, {}, id="scaling-own-theta"),
+        pytest.param({"rope_type": "linear", "factor": 4.0, "rope_theta": 500000.0}, {}, {},
+                     id="empty-scaling-is-ignored"),
+    ],
+)
+def test_rope_scaling_beside_rope_parameters_follows_transformers(tmp_path, rope_parameters, rope_scaling,
+                                                                  top_level):
+    """A hand-edited transformers-5 config holding both spellings: loader picks what transformers 5.24 does.
+
+    transformers' ``convert_rope_params_to_dict`` takes ``rope_scaling or rope_parameters`` (a non-empty
+    ``rope_scaling`` replaces ``rope_parameters`` whole) and fills ``rope_theta`` from the chosen dict,
+    else the top-level ``rope_theta``, else 10000.
+    """
+    import json
+
+    import transformers
+
+    write_family_checkpoint("llama", tmp_path, rope_scaling=None, max_position_embeddings=8)
+    config_path = tmp_path / "config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("rope_scaling", None)
+    config.pop("rope_theta", None)
+    config.update(rope_parameters=rope_parameters, rope_scaling=rope_scaling, **top_level)
+    config_path.write_text(json.dumps(config))
+    reference = transformers.LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    assert_logits_match(load(tmp_path), reference)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from loader.plugins import create_plugin_host
+from loader._plugins import create_plugin_host
 
 
 def test_plugin_is_loaded_with_its_hooks():
@@ -30,7 +30,7 @@ def test_entry_point_module_does_not_import_torch():
 
 
 def test_class_declares_what_the_registry_reads():
-    from loader.interfaces import SupportsQuantization, SupportsTensorParallel
+    from loader._interfaces import SupportsQuantization, SupportsTensorParallel
     from loader_plugin_llama.model import LlamaForCausalLM
 
     assert LlamaForCausalLM.is_text_generation_model is True

@@ -8,10 +8,10 @@ import attrs
 import pytest
 
 import loader
+from loader._plugins import create_plugin_host
 from loader.errors import FusedLayerSkipError, PluginError
 from loader.layers import QuantizationConfig, UnquantizedLinearMethod
 from loader.layers.linear import LinearBase
-from loader.plugins import create_plugin_host
 from loader_plugin_llama.model import LlamaForCausalLM
 from tests.helpers.malformed import TINY_LLAMA, write_llama_checkpoint
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loader.distributed import simulated_tp
+from loader._distributed import simulated_tp
 from loader.errors import UnexpectedWeightError, UnsupportedError
 from loader.weights import EagerTensor
 from loader_plugin_llama.model import LlamaForCausalLM

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
+from loader._hooks import read_config
+from loader._plugins import create_plugin_host
 from loader.checkpoint import Source, WeightFormat
 from loader.errors import ConfigError, UnsupportedError
-from loader.hooks import read_config
-from loader.plugins import create_plugin_host
 from loader_plugin_mistral.model import parse_mistral_config
 from loader_plugin_mistral.native_config import native_params_to_hf
 
@@ -82,3 +82,14 @@ def test_bad_field_in_params_is_named_by_its_config_name(tmp_path):
     config = native_params_to_hf({**PARAMS, "n_heads": "four"}, "params.json")
     with pytest.raises(ConfigError, match="'num_attention_heads' must be an integer, found 'four'"):
         parse_mistral_config(config)
+
+
+def test_params_json_linking_out_of_the_folder_is_refused(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    source, weights = _folder(model)
+    (tmp_path / "elsewhere.json").write_text((model / "params.json").read_text())
+    (model / "params.json").unlink()
+    (model / "params.json").symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(ConfigError, match=r"params\.json resolves to .*elsewhere\.json, outside the model folder"):
+        read_config(source, weights, create_plugin_host())

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from loader._context import ModelContext
+from loader._distributed import simulated_tp
 from loader.checkpoint import Source
-from loader.context import ModelContext
-from loader.distributed import simulated_tp
 from loader_plugin_mistral.model import MistralForCausalLM
 from loader_plugin_mistral.native_config import read_native_config
 from loader_plugin_mistral.native_layout import NativeNames, native_to_hf_name, native_weight_format

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from loader.plugins import create_plugin_host
+from loader._plugins import create_plugin_host
 
 
 def test_plugin_is_loaded_with_its_hooks():
@@ -36,7 +36,7 @@ def test_entry_point_module_does_not_import_torch():
 
 @pytest.mark.parametrize("name", ["Qwen2ForCausalLM", "Qwen3ForCausalLM"])
 def test_classes_declare_what_the_registry_reads(name):
-    from loader.interfaces import SupportsQuantization, SupportsTensorParallel
+    from loader._interfaces import SupportsQuantization, SupportsTensorParallel
     from loader_plugin_qwen import model
 
     cls = getattr(model, name)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import loader
+from loader._generation import tokenizer_for
 from loader.errors import SourceNotFoundError, UnsupportedError
-from loader.generation import tokenizer_for
 from tests.helpers.s3_server import upload_folder
 from tests.helpers.tokenizers_files import write_tokenizer
 

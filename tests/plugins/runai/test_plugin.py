@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from loader.plugins import create_plugin_host
+from loader.testing import create_plugin_host
 
 
 def test_plugin_table_lists_runai_with_its_hooks() -> None:
@@ -19,7 +19,7 @@ def test_plugin_table_lists_runai_with_its_hooks() -> None:
 def test_entry_module_does_not_import_torch_boto3_or_the_streamer() -> None:
     heavy = ("torch", "boto3", "botocore", "runai_model_streamer")
     code = (
-        "import sys, loader.hookspecs, loader.checkpoint, loader.weights\n"
+        "import sys, loader.hookspecs, loader.checkpoint, loader.weights, loader.models\n"
         f"heavy = {heavy!r}\n"
         "before = {m for m in heavy if m in sys.modules}\n"
         "import loader_plugin_runai.plugin\n"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import loader
-from loader.cli.inspect_cmd import inspect_source
+from loader._cli.inspect_cmd import inspect_source
 from loader.errors import ConfigError
 from tests.helpers.s3_server import CountingMotoServer, upload_folder
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import loader
-from loader.cli.load_cmd import parse_format_options
+from loader._cli.load_cmd import parse_format_options
 from loader.errors import UnsupportedError
 from loader_plugin_runai.settings import StreamerSettings, parse_byte_size
 from tests.helpers.s3_server import CountingMotoServer, upload_folder
@@ -95,7 +95,7 @@ def test_cli_load_json_reports_bytes_fetched_and_speed(llama_checkpoint: Path, s
                                                       s3_env: CountingMotoServer) -> None:
     upload_folder(s3_client, llama_checkpoint, bucket, "m")
     done = subprocess.run(
-        [sys.executable, "-m", "loader.cli.main", "load", f"s3://{bucket}/m", "--dtype", "float32", "--json",
+        [sys.executable, "-m", "loader._cli.main", "load", f"s3://{bucket}/m", "--dtype", "float32", "--json",
          "--format-option", "concurrency=4", "--format-option", "memory_limit=-1"],
         capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120,
     )
@@ -108,7 +108,7 @@ def test_cli_load_json_reports_bytes_fetched_and_speed(llama_checkpoint: Path, s
 
 def test_cli_bad_option_is_one_line(llama_checkpoint: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "loader.cli.main", "load", str(llama_checkpoint), "--format", "runai_streamer",
+        [sys.executable, "-m", "loader._cli.main", "load", str(llama_checkpoint), "--format", "runai_streamer",
          "--format-option", "concurrency=none"],
         capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120,
     )

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import loader
-from loader.distributed import simulated_tp
+from loader._sharded.save import save_sharded
 from loader.errors import SourceNotFoundError, UnsupportedError
-from loader.sharded.save import save_sharded
+from loader.testing import simulated_tp
 from tests.helpers.s3_server import CountingMotoServer, upload_folder
 
 

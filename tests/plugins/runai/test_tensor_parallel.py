@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from loader.sharded.save import save_sharded
+from loader._sharded.save import save_sharded
 from tests.helpers.s3_server import CountingMotoServer, upload_folder
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from loader import hooks
+from loader import _hooks as hooks
+from loader._plugins import create_plugin_host
 from loader.checkpoint import Source
-from loader.plugins import create_plugin_host
 from loader_plugin_safetensors.detection import detect_weight_format, is_training_artifact
 
 

@@ -105,3 +105,12 @@ def test_same_name_in_two_bin_files_names_both(tmp_path):
     message = str(info.value)
     assert "'model.norm.weight' appears in two files" in message
     assert str(one) in message and str(two) in message
+
+
+@pytest.mark.parametrize("content", [b"Q", b"\x80\x02Q", b"e"])
+def test_pickle_that_breaks_the_unpickler_is_not_a_checkpoint(tmp_path, content):
+    """Found by the .bin fuzzer: torch's weights-only unpickler raised a bare IndexError on these."""
+    path = tmp_path / "broken.bin"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointFormatError, match=r"broken\.bin: not a PyTorch checkpoint the safe unpickler"):
+        list(iter_pt_weights([str(path)]))

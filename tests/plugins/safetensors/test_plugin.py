@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from loader.plugins import create_plugin_host
+from loader._plugins import create_plugin_host
 
 
 def test_plugin_table_lists_safetensors_with_its_hooks():

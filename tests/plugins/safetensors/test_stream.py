@@ -8,11 +8,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from loader import hooks
+from loader import _hooks as hooks
+from loader._options import LoadOptions
+from loader._plugins import create_plugin_host
 from loader.checkpoint import Source
 from loader.errors import CheckpointFormatError
-from loader.options import LoadOptions
-from loader.plugins import create_plugin_host
 from loader.weights import ReadStats
 from loader_plugin_safetensors.stream import iter_safetensors_weights
 

@@ -217,16 +217,24 @@ def test_misaligned_data_converts_through_chunked_staging(tmp_path, small_thresh
     assert stats.bytes_read == 2 * handle.nbytes
 
 
-def test_aligned_conversion_goes_through_the_map(matrix_file, monkeypatch):
-    def no_staging(*args):
-        raise AssertionError("aligned data must not take the staging fallback")
+def test_conversions_and_gathers_never_map_the_file(matrix_file, monkeypatch):
+    """A map read past a file cut short by another process is a SIGBUS: reads go through positioned reads."""
+    import mmap
 
-    monkeypatch.setattr(tensor_read, "_read_chunked_cpu", no_staging)
+    def no_map(*args, **kwargs):
+        raise AssertionError("a read mapped the checkpoint file")
+
+    monkeypatch.setattr(mmap, "mmap", no_map)
+    monkeypatch.setattr(tensor_read, "BOUNCE_CHUNK_BYTES", 100)  # several chunks, double-buffered
     path, tensors = matrix_file
-    handle = open_checkpoint_file(path).tensor("cube").narrow(1, 2, 5)
+    checkpoint = open_checkpoint_file(path)
     out = torch.empty(6, 12, 5, dtype=torch.float64).transpose(1, 2)  # strided destination, other dtype
-    handle.read_into(out)
+    checkpoint.tensor("cube").narrow(1, 2, 5).read_into(out)
     assert _same(out.contiguous(), tensors["cube"][:, 2:7].double())
+    gathered = checkpoint.tensor("w").narrow(1, 8, 16).read()  # short segments: the gather path
+    assert _same(gathered, tensors["w"][:, 8:24])
+    converted = checkpoint.tensor("w").narrow(0, 3, 40).read(torch.float32)
+    assert _same(converted, tensors["w"][3:43].float())
 
 
 def test_huge_page_hint_keeps_contents():

@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 
 from loader.errors import ConfigError, UnsupportedError
-from loader.layers.quantization import QuantizationConfig
+from loader.layers import QuantizationConfig
 
 from .quant_state import BLOCKSIZES, QUANT_TYPES
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from loader.layers.quantization import QuantizeMethodBase
+    from loader.layers import QuantizeMethodBase
     from loader.weights import WeightStream
 
 __all__ = [
@@ -86,14 +86,14 @@ class BitsAndBytesConfig(QuantizationConfig):
     def ignores(self, prefix: str) -> bool:
         """Whether ``skip_modules`` names the module ``prefix`` or one of its parents, by whole components.
 
-        The core's :meth:`~loader.layers.quantization.QuantizationConfig.skip`
+        The core's :meth:`~loader.layers.QuantizationConfig.skip`
         asks this for fused layers and for each of their checkpoint parts.
         """
         return any(_matches(prefix, m) for m in self.skip_modules)
 
     def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
         """:class:`~loader_plugin_bnb.linear_method.BitsAndBytesLinearMethod` for every parallel linear layer."""
-        from loader.layers.linear import LinearBase
+        from loader.layers import LinearBase
 
         if not isinstance(layer, LinearBase):
             return None

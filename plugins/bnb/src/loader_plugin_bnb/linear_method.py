@@ -12,7 +12,7 @@ Each quantized layer holds, for this rank's shard:
 
 Loading goes through the layer's own ``weight_loader`` (fused tensors split,
 shapes checked, rows narrowed to this rank over the logical ``(rows, cols)``
-the weight's :class:`~loader.layers.param_layout.ParamLayout` declares); the
+the weight's :class:`~loader.layers.ParamLayout` declares); the
 layout's ``load_part`` then lands each narrowed part: a dense checkpoint
 tensor is read (only this rank's slice) and quantized, a
 :class:`~loader_plugin_bnb.packed_tensor.Packed4bitTensor` (pre-quantized,
@@ -29,8 +29,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from loader.errors import CheckpointFormatError, UnsupportedError
-from loader.layers.param_layout import ParamLayout, set_param_layout
-from loader.layers.quantization import LinearMethodBase, WeightLoader
+from loader.layers import LinearMethodBase, ParamLayout, WeightLoader, set_param_layout
 
 from .codec import code_table, dequantize_blocks, quantize_blocks
 from .config import BitsAndBytesConfig
@@ -41,8 +40,7 @@ from .packed_tensor import BlockAlignmentError, Packed4bitTensor
 if TYPE_CHECKING:
     from torch import nn
 
-    from loader.layers.linear import LinearBase
-    from loader.layers.shard_loading import NarrowedPart
+    from loader.layers import LinearBase, NarrowedPart
     from loader.weights import CheckpointTensor
 
 __all__ = ["DUMMY_ABSMAX", "BitsAndBytesLinearMethod"]

@@ -112,7 +112,7 @@ class _Flattened(CheckpointTensor):
         return self.base.dtype
 
     def narrow(self, dim: int, start: int, length: int) -> CheckpointTensor:
-        self._check_narrow(dim, start, length)
+        self.check_narrow(dim, start, length)
         return _Flattened(self.base.narrow(0, start, length))
 
     def read(self, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -155,7 +155,7 @@ class Packed4bitTensor(CheckpointTensor):
         return (n + 1) // 2 + -(-n // self.blocksize) * absmax_bytes
 
     def narrow(self, dim: int, start: int, length: int) -> Packed4bitTensor:
-        dim = self._check_narrow(dim, start, length)
+        dim = self.check_narrow(dim, start, length)
         rows, cols = self.rows, self.cols
         if dim == 0:
             rows = (rows[0] + start, length)

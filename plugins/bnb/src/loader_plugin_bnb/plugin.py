@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from loader.hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from loader.layers.quantization import QuantizationConfig
-    from loader.options import LoadOptions
+    from loader.checkpoint import LoadOptions
+    from loader.layers import QuantizationConfig
 
 __all__ = ["loader_detect_quantization"]
 

@@ -59,6 +59,28 @@ def row_bytes(ggml_type: int, values: int) -> int:
     return values // block * size
 
 
+def _copy_floats(raw: torch.Tensor, stored: torch.dtype, out: torch.Tensor) -> None:
+    """``out[:] = raw`` reinterpreted as ``stored``, wherever in the file ``raw`` starts.
+
+    A view of the map as ``stored`` needs a byte offset that is a multiple of its size;
+    ``general.alignment`` 1 or 2 (valid: gguf-py and ggml read them) puts tensors anywhere.
+    Then bytes are copied as bytes when no conversion is needed, else through aligned
+    chunks of at most ``CHUNK_VALUES`` values.
+    """
+    if raw.storage_offset() % stored.itemsize == 0:
+        out.copy_(raw.contiguous().view(stored).reshape(out.shape))
+        return
+    if out.dtype == stored and out.is_contiguous():
+        out.view(torch.uint8).view(raw.shape).copy_(raw)
+        return
+    rows = out.view(raw.shape[0], -1)
+    step = max(1, CHUNK_VALUES // max(1, rows.shape[1]))
+    for start in range(0, raw.shape[0], step):
+        stop = min(start + step, raw.shape[0])
+        aligned = raw[start:stop].clone(memory_format=torch.contiguous_format)
+        rows[start:stop].copy_(aligned.view(stored))
+
+
 def dequantize_into(raw: torch.Tensor, ggml_type: int, out: torch.Tensor) -> None:
     """Write the values of ``raw`` (``uint8 [rows, row_bytes]``, whole blocks) into ``out`` (``[rows, cols]``).
 
@@ -66,9 +88,7 @@ def dequantize_into(raw: torch.Tensor, ggml_type: int, out: torch.Tensor) -> Non
     beyond one chunk's temporaries.
     """
     if ggml_type in FLOAT_TYPES:
-        stored = FLOAT_TYPES[ggml_type]
-        values = raw.contiguous().view(stored)
-        out.copy_(values.reshape(out.shape))
+        _copy_floats(raw, FLOAT_TYPES[ggml_type], out)
         return
     kernel = BLOCK_KERNELS[ggml_type]
     block, size = block_shape(ggml_type)

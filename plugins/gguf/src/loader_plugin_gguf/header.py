@@ -8,6 +8,7 @@ the header once with ``struct`` over the bytes of the file, checks every count a
 bytes that are left *before* it loops or allocates, and raises a
 :class:`~loader.errors.LoadError` subclass naming the file (and the key or tensor) for each
 problem. gguf-py still provides the constants (value types, ggml types and block sizes).
+The tensor table is then checked against ggml's layout rules in :mod:`.tensor_table`.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from typing import Any
 
 import attrs
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from gguf.constants import GGUFValueType
 
 from loader.errors import CheckpointFormatError, UnsupportedError
+
+from .tensor_table import TableEntry, TensorInfo, alignment_of, build_tensor_table
 
 __all__ = ["GGUF_MAGIC", "SUPPORTED_VERSIONS", "GGUFHeader", "TensorInfo", "read_header", "sniff"]
 
@@ -34,8 +37,13 @@ FIXED_HEADER = 24  # magic, version, tensor count, kv count
 MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, smallest value
 MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # name length, n_dims, type, offset
 MAX_DIMS = 4  # GGML_MAX_DIMS
-MAX_ARRAY_DEPTH = 4
-DEFAULT_ALIGNMENT = 32
+# Limits on what a header may make us build, each far above any published model (tens of keys,
+# ~2,000 tensors for the largest MoE split per expert, vocabulary + merges under 1M strings) and
+# each bounding memory and time whatever the file claims: strings cost ~6x their bytes as
+# Python objects, a tensor entry ~10x. Arrays of arrays are refused outright, as gguf_init does.
+MAX_METADATA_KEYS = 65_536
+MAX_TENSORS = 262_144
+MAX_METADATA_STRINGS = 4_194_304
 _U64 = struct.Struct("<Q")
 
 _SCALARS: dict[int, tuple[str, Any]] = {
@@ -46,24 +54,6 @@ _SCALARS: dict[int, tuple[str, Any]] = {
     GGUFValueType.UINT64: ("<Q", np.uint64), GGUFValueType.INT64: ("<q", np.int64),
     GGUFValueType.FLOAT64: ("<d", np.float64),
 }
-
-
-@attrs.frozen
-class TensorInfo:
-    """One entry of the tensor table. ``shape`` is in torch order (``(out, in)``), the reverse of ggml's."""
-
-    name: str
-    shape: tuple[int, ...]
-    ggml_type: int
-    offset: int  # absolute offset of the first byte in the file
-    nbytes: int
-
-    @property
-    def type_name(self) -> str:
-        try:
-            return GGMLQuantizationType(self.ggml_type).name
-        except ValueError:
-            return f"type {self.ggml_type}"
 
 
 @attrs.frozen
@@ -96,6 +86,16 @@ class _Cursor:
         self.path = path
         self.size = size
         self.pos = 0
+        self.strings = 0  # string values read so far, against MAX_METADATA_STRINGS
+
+    def count_strings(self, count: int, key: str) -> None:
+        """Refuse ``count`` more string values for ``key`` past the header's limit, before reading them."""
+        if self.strings + count > MAX_METADATA_STRINGS:
+            raise CheckpointFormatError(
+                f"{self.path}: metadata key {key!r} holds {count} strings, past the {MAX_METADATA_STRINGS} a "
+                f"GGUF header may hold in all ({self.strings} read before it)"
+            )
+        self.strings += count
 
     def left(self) -> int:
         return self.size - self.pos
@@ -128,17 +128,15 @@ class _Cursor:
             raise CheckpointFormatError(f"{self.path}: {what} is not valid UTF-8 ({exc.reason})") from exc
 
 
-def _read_value(cur: _Cursor, vtype: int, key: str, depth: int = 0) -> Any:
+def _read_value(cur: _Cursor, vtype: int, key: str) -> Any:
     if vtype in _SCALARS:
         fmt, np_type = _SCALARS[vtype]
         width = np.dtype(np_type).itemsize
         return cur.unpack(fmt, width, f"the value of metadata key {key!r}")
     if vtype == GGUFValueType.STRING:
+        cur.count_strings(1, key)
         return cur.string(f"metadata key {key!r}")
     if vtype == GGUFValueType.ARRAY:
-        if depth >= MAX_ARRAY_DEPTH:
-            raise CheckpointFormatError(f"{cur.path}: metadata key {key!r} nests arrays deeper than "
-                                        f"{MAX_ARRAY_DEPTH} levels")
         item_type = cur.unpack("<I", 4, f"the item type of metadata key {key!r}")
         count = cur.unpack("<Q", 8, f"the length of metadata key {key!r}")
         if item_type in _SCALARS:
@@ -153,18 +151,19 @@ def _read_value(cur: _Cursor, vtype: int, key: str, depth: int = 0) -> Any:
                                    offset=cur.pos).copy()
             cur.pos += count * width
             return values
-        min_item = 8 if item_type == GGUFValueType.STRING else 12
-        if item_type not in (GGUFValueType.STRING, GGUFValueType.ARRAY):
+        if item_type == GGUFValueType.ARRAY:
+            raise CheckpointFormatError(f"{cur.path}: metadata key {key!r} holds an array of arrays, which "
+                                        "ggml's gguf_init refuses (GGUF arrays hold scalars or strings)")
+        if item_type != GGUFValueType.STRING:
             raise CheckpointFormatError(f"{cur.path}: metadata key {key!r} holds an array of unknown "
                                         f"value type {item_type}")
-        if count * min_item > cur.left():
+        if count * 8 > cur.left():
             raise CheckpointFormatError(
                 f"{cur.path}: truncated or corrupt file: metadata key {key!r} claims an array of {count} "
                 f"items, but only {cur.left()} bytes are left in the file"
             )
-        if item_type == GGUFValueType.STRING:
-            return _read_string_array(cur, count, key)
-        return [_read_value(cur, item_type, key, depth + 1) for _ in range(count)]
+        cur.count_strings(count, key)
+        return _read_string_array(cur, count, key)
     raise CheckpointFormatError(f"{cur.path}: metadata key {key!r} has unknown value type {vtype}")
 
 
@@ -197,17 +196,7 @@ def _read_string_array(cur: _Cursor, count: int, key: str) -> list[str]:
     return out
 
 
-def _block_size(info_name: str, ggml_type: int, path: Path) -> tuple[int, int]:
-    try:
-        qtype = GGMLQuantizationType(ggml_type)
-        return GGML_QUANT_SIZES[qtype]
-    except (ValueError, KeyError):
-        raise UnsupportedError(
-            f"{path}: tensor {info_name!r} has ggml type {ggml_type}, which no GGUF reader knows"
-        ) from None
-
-
-def _read_tensor_info(cur: _Cursor, index: int) -> tuple[str, tuple[int, ...], int, int]:
+def _read_tensor_info(cur: _Cursor, index: int) -> TableEntry:
     name = cur.string(f"the name of tensor #{index}")
     n_dims = cur.unpack("<I", 4, f"the rank of tensor {name!r}")
     if not 1 <= n_dims <= MAX_DIMS:
@@ -258,50 +247,26 @@ def _parse(path: Path) -> GGUFHeader:
                     f"{path}: truncated or corrupt file: {what} {count} needs at least {count * least} "
                     f"bytes, but only {cur.left()} are left in the file"
                 )
+        for what, count, limit in (("metadata keys", kv_count, MAX_METADATA_KEYS),
+                                   ("tensors", tensor_count, MAX_TENSORS)):
+            if count > limit:
+                raise CheckpointFormatError(f"{path}: the header lists {count} {what}; a GGUF file may hold "
+                                            f"at most {limit}")
         metadata: dict[str, Any] = {}
+        value_types: dict[str, int] = {}
         for i in range(kv_count):
             key = cur.string(f"the name of metadata key #{i}")
             vtype = cur.unpack("<I", 4, f"the type of metadata key {key!r}")
             if key in metadata:
                 raise CheckpointFormatError(f"{path}: metadata key {key!r} appears twice")
+            value_types[key] = vtype
             metadata[key] = _read_value(cur, vtype, key)
         entries = [_read_tensor_info(cur, i) for i in range(tensor_count)]
         header_end = cur.pos
-    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-        raise CheckpointFormatError(f"{path}: metadata key 'general.alignment' is {alignment!r}; "
-                                    "expected a power of two")
+    alignment = alignment_of(path, metadata, value_types)
     data_start = -(-header_end // alignment) * alignment
-    tensors = []
-    seen: set[str] = set()
-    for name, shape, ggml_type, offset in entries:
-        if name in seen:
-            raise CheckpointFormatError(f"{path}: tensor {name!r} appears twice in the tensor table")
-        seen.add(name)
-        block, type_size = _block_size(name, ggml_type, path)
-        if 0 in shape:
-            raise CheckpointFormatError(f"{path}: tensor {name!r} has a zero-length dimension (shape {shape}); "
-                                        "model weights are never empty")
-        if shape[-1] % block:
-            raise CheckpointFormatError(
-                f"{path}: tensor {name!r} has rows of {shape[-1]} values, not a multiple of the "
-                f"{GGMLQuantizationType(ggml_type).name} block size {block}"
-            )
-        if offset % alignment:
-            raise CheckpointFormatError(f"{path}: tensor {name!r} starts at data offset {offset}, "
-                                        f"not a multiple of the alignment {alignment}")
-        n = 1
-        for d in shape:
-            n *= d
-        nbytes = n // block * type_size
-        start = data_start + offset
-        if start + nbytes > size:
-            raise CheckpointFormatError(
-                f"{path}: tensor {name!r} data runs past the end of the file: it needs bytes "
-                f"[{start}, {start + nbytes}) but the file has {size} bytes"
-            )
-        tensors.append(TensorInfo(name, shape, ggml_type, start, nbytes))
-    return GGUFHeader(path=path, version=version, metadata=metadata, tensors=tuple(tensors),
+    tensors = build_tensor_table(path, entries, data_start=data_start, alignment=alignment, file_size=size)
+    return GGUFHeader(path=path, version=version, metadata=metadata, tensors=tensors,
                       data_start=data_start, file_size=size)
 
 

@@ -35,7 +35,9 @@ def shifts(values: tuple[int, ...], view: tuple[int, ...], device: torch.device)
 
 def half_at(blocks: torch.Tensor, start: int) -> torch.Tensor:
     """The float16 stored at byte ``start`` of every block, widened to float32, as ``[n, 1]``."""
-    return blocks[:, start:start + 2].contiguous().view(torch.float16).to(torch.float32)
+    # a fresh copy, not .contiguous(): one block at an odd file offset (general.alignment 1) is
+    # contiguous already, and a float16 view of it would start at an odd byte
+    return blocks[:, start:start + 2].clone(memory_format=torch.contiguous_format).view(torch.float16).to(torch.float32)
 
 
 def nibbles(qs: torch.Tensor) -> torch.Tensor:

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 from loader.hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from loader.checkpoint import Source, TokenizerBundle, WeightFormat
-    from loader.options import LoadOptions
+    from loader.checkpoint import LoadOptions, Source, TokenizerBundle, WeightFormat
     from loader.weights import ReadStats, WeightStream
 
 FORMAT_NAME = "gguf"

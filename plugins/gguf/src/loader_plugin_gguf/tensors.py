@@ -106,7 +106,7 @@ class GGUFTensor(CheckpointTensor):
         return GGUFTensor(self.info, self.mapped, self.stats, self.hf_name, **base)
 
     def narrow(self, dim: int, start: int, length: int) -> GGUFTensor:
-        dim = self._check_narrow(dim, start, length)
+        dim = self.check_narrow(dim, start, length)
         last = len(self.info.shape) - 1
         if dim == last:
             return self._with(col_start=self._col_start + start, cols=length)

@@ -17,17 +17,22 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from loader.layers.activation import SiluAndMul
-from loader.layers.attention import Attention, KVCache
-from loader.layers.layernorm import RMSNorm
-from loader.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from loader.layers.rotary_embedding import get_rope
-from loader.layers.vocab_embedding import VocabParallelEmbedding
+from loader.layers import (
+    Attention,
+    KVCache,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RMSNorm,
+    RowParallelLinear,
+    SiluAndMul,
+    VocabParallelEmbedding,
+    get_rope,
+)
 
 from .config import LlamaConfig
 
 if TYPE_CHECKING:
-    from loader.layers.quantization import QuantizationConfig
+    from loader.layers import QuantizationConfig
 
 __all__ = ["LlamaAttention", "LlamaDecoderLayer", "LlamaMLP", "LlamaModel"]
 

@@ -15,17 +15,15 @@ import torch
 from torch import nn
 
 from loader.errors import UnsupportedError
-from loader.interfaces import SupportsQuantization, SupportsTensorParallel
-from loader.layers.attention import KVCache
-from loader.layers.vocab_embedding import ParallelLMHead
-from loader.session import current_session
+from loader.layers import KVCache, ParallelLMHead
+from loader.models import SupportsQuantization, SupportsTensorParallel, current_session
 
 from .config import LlamaConfig, parse_llama_config
 from .decoder import LlamaAttention, LlamaModel
 from .weight_loading import load_decoder_weights
 
 if TYPE_CHECKING:
-    from loader.context import ModelContext
+    from loader.models import ModelContext
     from loader.weights import CheckpointTensor
 
 __all__ = ["LlamaForCausalLM", "check_tensor_parallel"]

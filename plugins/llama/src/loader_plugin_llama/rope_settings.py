@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from loader.errors import ConfigError, UnsupportedError
-from loader.layers.rotary_embedding import ROPE_SCALING_FIELDS
+from loader.layers import ROPE_SCALING_FIELDS
 
 from .config_fields import ConfigFields
 
@@ -80,16 +80,27 @@ def _scaling_params(fields: ConfigFields, field: str, kind: str, params: Mapping
 
 
 def read_rope_settings(fields: ConfigFields) -> RopeSettings:
-    """Read ``rope_parameters`` (transformers 5) or ``rope_theta`` + ``rope_scaling`` (4.x)."""
+    """Read ``rope_parameters`` (transformers 5) or ``rope_theta`` + ``rope_scaling`` (4.x).
+
+    A config holding both (a transformers-5 config edited by hand or by a tool) is read the way
+    transformers 5.24's ``convert_rope_params_to_dict`` reads it, so the logits stay transformers':
+    a non-empty ``rope_scaling`` replaces ``rope_parameters`` whole (``rope_scaling or
+    rope_parameters``), and ``rope_theta`` comes from the chosen object, else the top-level
+    ``rope_theta``, else 10000 -- a ``rope_parameters.rope_theta`` beside a ``rope_scaling``
+    is dropped, as transformers drops it.
+    """
+    scaling = fields.mapping("rope_scaling")
     new_style = fields.mapping("rope_parameters")
-    if new_style is not None:
+    if scaling or new_style is None:
+        field, params = "rope_scaling", scaling or {}
+    else:
         field, params = "rope_parameters", new_style
-        theta_value = params.get("rope_theta", fields.config.get("rope_theta", 10000.0))
+    if "rope_theta" in params:
+        theta_value = params["rope_theta"]
         if not _positive_finite(theta_value):
-            raise fields.error("rope_parameters.rope_theta", "a positive number", theta_value)
+            raise fields.error(f"{field}.rope_theta", "a positive number", theta_value)
         theta = float(theta_value)
     else:
-        field, params = "rope_scaling", fields.mapping("rope_scaling") or {}
         theta = fields.number("rope_theta", 10000.0)
     kind = _scaling_kind(fields, field, params)
     if kind == "default":

@@ -51,7 +51,7 @@ def stacked_params(model: nn.Module) -> tuple[StackedParam, ...]:
     part's shard id is the fused layer's own (``QKVParallelLinear.shard_ids()``
     is ``["q", "k", "v"]``), so neither is written down twice.
     """
-    from loader.layers.linear import LinearBase
+    from loader.layers import LinearBase
 
     table: Mapping[str, list[str]] = getattr(type(model), "packed_modules_mapping", {})
     shard_ids: dict[str, list[ShardId | None]] = {}
@@ -115,7 +115,7 @@ def load_decoder_weights(
     :raises UnexpectedWeightError: a tensor the model has no parameter for.
     :raises MissingWeightsError: a fused parameter got some of its parts but not all.
     """
-    from loader.layers.param_layout import weight_loader_of
+    from loader.layers import weight_loader_of
 
     stacked = stacked_params(model) if stacked is None else tuple(stacked)
     params = dict(model.named_parameters(remove_duplicate=False))

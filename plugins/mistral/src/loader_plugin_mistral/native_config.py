@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from loader.checkpoint import read_json_object, side_file
 from loader.errors import ConfigError, UnsupportedError
-from loader.hf_files import read_json_object
 
 __all__ = ["native_params_to_hf", "read_native_config"]
 DEFAULT_MAX_POSITIONS = 32768
@@ -77,8 +77,8 @@ def read_native_config(folder: Path) -> dict[str, Any] | None:
     (Hugging Face repositories of Mistral models often carry both; the
     ``config.json`` then wins and the core reads it).
     """
-    params_path = folder / "params.json"
-    if not params_path.is_file() or (folder / "config.json").is_file():
+    params_path = side_file(folder, "params.json")
+    if params_path is None or side_file(folder, "config.json") is not None:
         return None
     params = read_json_object(params_path, "params.json")
     return native_params_to_hf(params, str(params_path))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from loader.layers.layernorm import RMSNorm
+from loader.layers import RMSNorm
 from loader_plugin_llama.config import LlamaConfig
 from loader_plugin_llama.decoder import LlamaAttention
 from loader_plugin_llama.model import LlamaForCausalLM
@@ -22,7 +22,7 @@ from loader_plugin_llama.model import LlamaForCausalLM
 from .config import parse_qwen2_config, parse_qwen3_config
 
 if TYPE_CHECKING:
-    from loader.layers.quantization import QuantizationConfig
+    from loader.layers import QuantizationConfig
 
 __all__ = ["Qwen2ForCausalLM", "Qwen3Attention", "Qwen3ForCausalLM"]
 

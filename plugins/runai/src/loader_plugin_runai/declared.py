@@ -49,7 +49,7 @@ class DeclaredTensor(CheckpointTensor):
         return self.entry.torch_name
 
     def narrow(self, dim: int, start: int, length: int) -> DeclaredTensor:
-        dim = self._check_narrow(dim, start, length)
+        dim = self.check_narrow(dim, start, length)
         shape = list(self._shape)
         shape[dim] = length
         return DeclaredTensor(self.entry, self.file, tuple(shape))

@@ -15,13 +15,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from loader.checkpoint import Source, WeightFormat
+from loader.checkpoint import MAX_JSON_BYTES, Source, WeightFormat, read_json_object
 from loader.errors import SourceNotFoundError
-from loader.hf_files import MAX_JSON_BYTES, read_json_object
 
 from .identity import local_snapshot, object_snapshot
 from .s3_folder import S3Folder
-from .sharded import MARKER, layout_from_json, rank_part_names
+from .sharded import MARKER, marker_tp_size, rank_part_names
 
 __all__ = ["FORMATS", "RUNAI", "RUNAI_SHARDED", "detect_local", "detect_remote"]
 
@@ -48,8 +47,8 @@ def _remote_sharded(folder: S3Folder, rank: int, tp_size: int) -> WeightFormat:
         )
     marker = folder.uri.join(MARKER)
     raw = folder.read_bytes(MARKER, MAX_JSON_BYTES)
-    layout = layout_from_json(read_json_object(raw or b"", MARKER, marker), marker)
-    names = rank_part_names(folder.list_files(), layout, rank, tp_size, where)
+    saved = marker_tp_size(read_json_object(raw or b"", MARKER, marker), marker)
+    names = rank_part_names(folder.list_files(), saved, rank, tp_size, where)
     return WeightFormat(RUNAI_SHARDED, tuple(folder.uri.join(n) for n in names), parameter_names=True,
                         post_processed=True, extra={"snapshot": object_snapshot(folder.uri, folder.listing(), names)})
 
@@ -83,14 +82,12 @@ def detect_local(source: Source, requested: str, rank: int, tp_size: int) -> Wei
         return None
     path = source.path
     if requested == RUNAI_SHARDED:
-        from loader.sharded.layout import read_layout
-
-        layout = read_layout(path) if path.is_dir() else None
-        if layout is None:
+        if not (path / MARKER).is_file():
             raise SourceNotFoundError(
                 f"{path}: load_format {RUNAI_SHARDED!r} needs a folder written by 'loader save-sharded' (no {MARKER})"
             )
-        names = rank_part_names(sorted(os.listdir(path)), layout, rank, tp_size, str(path))
+        saved = marker_tp_size(read_json_object(path / MARKER, MARKER), str(path / MARKER))
+        names = rank_part_names(sorted(os.listdir(path)), saved, rank, tp_size, str(path))
         files = [str(path / n) for n in names]
         return WeightFormat(RUNAI_SHARDED, tuple(files), parameter_names=True, post_processed=True,
                             extra={"snapshot": local_snapshot(files)})

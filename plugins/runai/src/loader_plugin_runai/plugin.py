@@ -15,8 +15,7 @@ from .detection import FORMATS, detect_local, detect_remote
 from .uri import is_object_uri, parse_object_uri
 
 if TYPE_CHECKING:
-    from loader.checkpoint import Source, WeightFormat
-    from loader.options import LoadOptions
+    from loader.checkpoint import LoadOptions, Source, WeightFormat
     from loader.weights import ReadStats, WeightStream
 
 
@@ -40,7 +39,7 @@ def loader_resolve_source(location: str, options: LoadOptions) -> Source | None:
 @hookimpl
 def loader_detect_format(source: Source, requested: str) -> WeightFormat | None:
     """``runai_streamer`` / ``runai_streamer_sharded``: any format on ``s3://``, locally only when asked for."""
-    from loader.session import current_session
+    from loader.models import current_session
 
     session = current_session()
     rank, size = session.tp_rank, session.tp_size

@@ -15,27 +15,27 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from loader.errors import CheckpointFormatError, UnsupportedError
-from loader.sharded.layout import MARKER, ShardedLayout
 
-__all__ = ["MARKER", "layout_from_json", "rank_part_names"]
+__all__ = ["MARKER", "marker_tp_size", "rank_part_names"]
 
+MARKER = "sharded_state.json"
+"""The marker ``loader save-sharded`` writes beside the part files (a file-format convention, like the names)."""
 _PART = re.compile(r"^model-rank-(\d+)-part-(\d+)\.safetensors$")
 
 
-def layout_from_json(data: Mapping[str, Any], where: str) -> ShardedLayout:
-    """The marker's fields; a missing or malformed one names the marker."""
-    try:
-        return ShardedLayout(tp_size=int(data["tp_size"]), dtype=str(data["dtype"]),
-                             architecture=str(data["architecture"]), loader_version=data.get("loader_version"))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointFormatError(f"{where}: marker is missing or has a bad field: {exc}") from exc
+def marker_tp_size(data: Mapping[str, Any], where: str) -> int:
+    """The TP size the marker says the state was cut for; anything but a positive integer names the marker."""
+    tp_size = data.get("tp_size")
+    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+        raise CheckpointFormatError(f"{where}: field 'tp_size' must be a positive integer, found {tp_size!r}")
+    return tp_size
 
 
-def rank_part_names(names: Iterable[str], layout: ShardedLayout, rank: int, tp_size: int, where: str) -> list[str]:
+def rank_part_names(names: Iterable[str], saved_tp_size: int, rank: int, tp_size: int, where: str) -> list[str]:
     """This rank's part files in part order; the load's TP size must be the one the state was cut for."""
-    if tp_size != layout.tp_size:
+    if tp_size != saved_tp_size:
         raise UnsupportedError(
-            f"{where}: sharded state was saved for tensor parallel size {layout.tp_size}, "
+            f"{where}: sharded state was saved for tensor parallel size {saved_tp_size}, "
             f"but this load runs with {tp_size}"
         )
     parts: list[tuple[int, str]] = []

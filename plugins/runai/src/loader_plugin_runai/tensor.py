@@ -87,7 +87,7 @@ class StreamedTensor(CheckpointTensor):
         return self.slot.dtype
 
     def narrow(self, dim: int, start: int, length: int) -> StreamedTensor:
-        dim = self._check_narrow(dim, start, length)
+        dim = self.check_narrow(dim, start, length)
         return StreamedTensor(self.slot, (*self.narrows, (dim, start, length)))
 
     def _view(self) -> torch.Tensor:

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loader.checkpoint import Source, WeightFormat
-from loader.pipeline.prepare import is_training_artifact
+from loader.checkpoint import Source, WeightFormat, is_training_artifact
 
 __all__ = ["FORMATS", "PT_SUFFIXES", "SAFETENSORS_SUFFIX", "detect_weight_format", "is_training_artifact"]
 

@@ -5,7 +5,8 @@ of UTF-8 JSON mapping each tensor name to ``{"dtype", "shape",
 "data_offsets": [begin, end]}`` (offsets relative to the end of the header),
 an optional ``"__metadata__"`` object of strings, then the raw data. Every
 check a reader relies on later (spans match shapes, nothing runs past the data,
-no two tensors share bytes) happens here, once, so reads can trust the offsets.
+no two tensors share bytes, no gaps or trailing bytes -- the reference reader's
+rules) happens here, once, so reads can trust the offsets.
 Each failure is a :class:`~loader.errors.CheckpointFormatError` naming the file
 and, where there is one, the tensor.
 """
@@ -180,20 +181,40 @@ def parse_header(raw: bytes, name: str, file_size: int) -> SafetensorsHeader:
     metadata = _metadata(entries.pop(METADATA_KEY, _Pairs([])), name)
     infos = [_tensor_info(key, entry, name, data_start, data_size) for key, entry in entries.items()]
     infos.sort(key=lambda t: (t.begin, t.end))
-    previous: TensorInfo | None = None
-    for info in infos:
-        if info.nbytes == 0:
-            continue
-        if previous is not None and info.begin < previous.end:
-            raise CheckpointFormatError(
-                f"{name}: tensors {previous.name!r} (data_offsets {_rel(previous, data_start)}) and "
-                f"{info.name!r} (data_offsets {_rel(info, data_start)}) overlap"
-            )
-        previous = info
+    _check_contiguous(infos, name, data_start, file_size)
     return SafetensorsHeader(
         path=name, file_size=file_size, data_start=data_start, metadata=metadata,
         tensors={info.name: info for info in infos},
     )
+
+
+def _check_contiguous(infos: list[TensorInfo], name: str, data_start: int, file_size: int) -> None:
+    """The reference reader's layout rule (``Metadata::validate``): sorted by offsets, the tensors
+    cover the data exactly -- each begins where the previous ended (empty ones included), the
+    first at the start of the data, the last at the end of the file. So no two tensors share a
+    byte, and no bytes hide in gaps or after the last tensor.
+    """
+    previous: TensorInfo | None = None
+    end = data_start
+    for info in infos:
+        if info.begin < end:
+            assert previous is not None
+            raise CheckpointFormatError(
+                f"{name}: tensors {previous.name!r} (data_offsets {_rel(previous, data_start)}) and "
+                f"{info.name!r} (data_offsets {_rel(info, data_start)}) overlap"
+            )
+        if info.begin > end:
+            after = f"tensor {previous.name!r} ends at {end - data_start}" if previous else "the data starts at 0"
+            raise CheckpointFormatError(
+                f"{name}: tensor {info.name!r} starts at {info.begin - data_start}, but {after}: a gap of "
+                f"{info.begin - end} bytes; safetensors requires the tensors to follow one another"
+            )
+        previous, end = info, info.end
+    if end != file_size:
+        raise CheckpointFormatError(
+            f"{name}: the tensors cover {end - data_start} of the {file_size - data_start} bytes after the "
+            "header; safetensors requires the data to be fully covered"
+        )
 
 
 def _rel(info: TensorInfo, data_start: int) -> list[int]:

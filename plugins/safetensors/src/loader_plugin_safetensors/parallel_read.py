@@ -8,12 +8,15 @@ Three strategies, chosen from the layout alone:
   in flight keep a page cache copy or an NVMe queue busier than one);
 - equal segments of at least :data:`SEGMENT_PREAD_MIN_BYTES`: one ``preadv``
   per segment, spread over the pool the same way;
-- many small segments (a narrow on an inner dim): a strided copy out of a
-  read-only memory map of just the span they cover; a syscall per row costs
-  more than the copy (measured here, warm cache: 1 KiB rows 1.2 GB/s with one
-  ``preadv`` each vs 9 GB/s from a map; 16 KiB rows 8 vs 14 GB/s).
+- many small segments (a narrow on an inner dim): blocks of rows are read
+  whole, gaps included, with one ``preadv`` each into a reused bounce buffer
+  of about :data:`CHUNK_BYTES`, and the segments copied out of it with numpy's
+  strided copy; a syscall per row costs more than the copy (measured here,
+  warm cache: 1 KiB rows 1.2 GB/s with one ``preadv`` each vs 9 GB/s from a
+  map; 16 KiB rows 8 vs 14 GB/s). Not a map: a file cut short while it is read
+  must give a short read (an error), not a ``SIGBUS`` (issue 16, item 9).
 
-The threads are the core's shared pool (:mod:`loader.io_pool`, ``LOADER_READ_THREADS``).
+The threads are the core's shared pool (:mod:`loader.io`, ``LOADER_READ_THREADS``).
 
 The caller counts bytes; this module only moves them. A file that ends before
 the bytes the header promised raises :class:`~loader.errors.CheckpointFormatError`.
@@ -21,21 +24,18 @@ the bytes the header promised raises :class:`~loader.errors.CheckpointFormatErro
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import mmap
-import os
 from collections.abc import Iterator
 from functools import partial
 
 import numpy as np
 
-from loader.file_reads import pread_exactly, truncated_error
-from loader.io_pool import io_pool as read_pool
-from loader.io_pool import io_threads as read_threads
-from loader.io_pool import run_in_pool
+from loader.io import io_pool as read_pool
+from loader.io import io_threads as read_threads
+from loader.io import pread_exactly, run_in_pool
 
 from .byte_layout import ByteLayout
+from .staging import staging_buffer
 
 __all__ = [
     "CHUNK_BYTES",
@@ -86,7 +86,7 @@ def read_layout(fd: int, layout: ByteLayout, dest: np.ndarray, *, path: str, wha
     if layout.segment >= SEGMENT_PREAD_MIN_BYTES:
         _read_segments(fd, layout, view, path, what)
     else:
-        _gather_from_map(fd, layout, dest, path, what)
+        _gather_through_buffer(fd, layout, dest, path, what)
 
 
 def _segment_offsets(layout: ByteLayout) -> Iterator[int]:
@@ -107,32 +107,20 @@ def _read_segments(fd: int, layout: ByteLayout, view: memoryview, path: str, wha
     run_in_pool([partial(read_group, a, b) for a, b in _split(len(offsets), per_task)])
 
 
-def _gather_from_map(fd: int, layout: ByteLayout, dest: np.ndarray, path: str, what: str) -> None:
-    """Strided copy of the segments out of a read-only map of the span they cover."""
-    start = layout.offset - layout.offset % mmap.ALLOCATIONGRANULARITY
-    end = layout.end
-    size = os.fstat(fd).st_size
-    if size < end:  # checked right before mapping: a read past the end of a map is SIGBUS, not an error
-        raise truncated_error(path, what, size, end)
-    mapped = mmap.mmap(fd, end - start, prot=mmap.PROT_READ, offset=start)
-    try:
-        _strided_copy(mapped, layout.offset - start, layout, dest)
-    finally:
-        with contextlib.suppress(BufferError):  # a traceback still holds a view; the map closes when freed
-            mapped.close()
-
-
-def _strided_copy(mapped: mmap.mmap, offset: int, layout: ByteLayout, dest: np.ndarray) -> None:
+def _gather_through_buffer(fd: int, layout: ByteLayout, dest: np.ndarray, path: str, what: str) -> None:
+    """Read blocks of rows (outermost grid index) whole into bounce buffers, copy their segments out."""
+    rows, row_stride = layout.grid[0]
+    inner = ByteLayout(0, layout.segment, layout.grid[1:])
     counts = tuple(count for count, _ in layout.grid)
-    strides = tuple(stride for _, stride in layout.grid)
-    source = np.ndarray(
-        (*counts, layout.segment), dtype=np.uint8, buffer=mapped, offset=offset, strides=(*strides, 1),
-    )
     target = dest.reshape(*counts, layout.segment)
-    rows = counts[0]
-    if layout.nbytes < PARALLEL_MIN_BYTES or rows < 2:
-        np.copyto(target, source)
-        return
-    # numpy releases the GIL for plain byte copies, so row blocks copy in parallel
-    per_task = max(1, rows * CHUNK_BYTES // layout.nbytes)
-    run_in_pool([partial(np.copyto, target[a:b], source[a:b]) for a, b in _split(rows, per_task)])
+    per_block = max(1, CHUNK_BYTES // max(row_stride, inner.end))
+
+    def gather(first: int, last: int) -> None:
+        span = (last - first - 1) * row_stride + inner.end
+        buffer = staging_buffer(4, span).numpy()  # this thread's own slot: 0-3 belong to tensor_read
+        pread_exactly(fd, buffer.data.cast("B"), layout.offset + first * row_stride, path, what)
+        source = np.ndarray((last - first, *counts[1:], layout.segment), dtype=np.uint8, buffer=buffer,
+                            strides=(row_stride, *(stride for _, stride in layout.grid[1:]), 1))
+        np.copyto(target[first:last], source)
+
+    run_in_pool([partial(gather, a, b) for a, b in _split(rows, per_block)])

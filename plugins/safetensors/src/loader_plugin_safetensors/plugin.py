@@ -13,8 +13,7 @@ from loader.hookspecs import hookimpl
 from .detection import FORMATS, detect_weight_format
 
 if TYPE_CHECKING:
-    from loader.checkpoint import Source, WeightFormat
-    from loader.options import LoadOptions
+    from loader.checkpoint import LoadOptions, Source, WeightFormat
     from loader.weights import ReadStats, WeightStream
 
 

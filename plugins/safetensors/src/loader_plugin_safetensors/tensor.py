@@ -76,7 +76,7 @@ class SafetensorsTensor(CheckpointTensor):
         return FileSpan(self.file, layout.offset, layout.nbytes, self.stats)
 
     def narrow(self, dim: int, start: int, length: int) -> SafetensorsTensor:
-        dim = self._check_narrow(dim, start, length)
+        dim = self.check_narrow(dim, start, length)
         base, _ = self.view[dim]
         view = (*self.view[:dim], (base + start, length), *self.view[dim + 1:])
         return SafetensorsTensor(self.descriptor, self.info, self.stats, view)

@@ -3,16 +3,22 @@
 The paths, fastest first:
 
 - **direct**: ``out`` is a contiguous CPU tensor of the file's dtype, so the
-  bytes are read with ``preadv`` (or gathered from a map, for an inner-dim
-  narrow) straight into ``out``'s memory; no other copy;
-- **through a map**: ``out`` has another dtype or is a strided view; torch
-  converts straight out of a memory map of the span (:mod:`.mapped_copy`);
-  misaligned data falls back to **chunked staging**: chunks of about
-  :data:`STAGING_CHUNK_BYTES` along the outermost dim go through one reused buffer;
+  bytes are read with ``preadv`` straight into ``out``'s memory; no other copy;
+- **through a bounce buffer**: ``out`` has another dtype or is a strided view:
+  chunks of about :data:`BOUNCE_CHUNK_BYTES` along the outermost dim are read
+  with ``preadv`` into one reused buffer, and torch converts each into ``out``;
 - **chunked to CUDA**: each chunk is read into one of two pinned buffers and
   copied host-to-device asynchronously; the next chunk is read while the copy
   runs, and a buffer is reused only after its copy's event has completed. A
   dtype conversion then happens on the GPU.
+
+No path reads the file through a memory map. Another process may truncate or
+rewrite a checkpoint while it loads; a read from a map past the new end of the
+file is a ``SIGBUS`` that kills the process, while a positioned read returns
+short and becomes a :class:`~loader.errors.CheckpointFormatError` naming the
+file and tensor. What the bounce costs against converting straight out of a
+map is in benchmarks/RESULTS.md (issue 16, item 9). Mapped *parameters*
+(:func:`loader.weights.fill_parameter`) are the one place file pages outlive a read.
 
 CPU destinations are first offered transparent huge pages
 (:mod:`.memory_hints`). Every read adds its bytes to the tensor's
@@ -25,7 +31,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .mapped_copy import copy_through_map
 from .memory_hints import advise_huge_pages
 from .parallel_read import read_layout
 from .staging import staging_buffer
@@ -33,10 +38,18 @@ from .staging import staging_buffer
 if TYPE_CHECKING:
     from .tensor import SafetensorsTensor
 
-__all__ = ["STAGING_CHUNK_BYTES", "read_tensor_into"]
+__all__ = ["BOUNCE_CHUNK_BYTES", "STAGING_CHUNK_BYTES", "read_tensor_into"]
 
 STAGING_CHUNK_BYTES = 32 << 20
-"""Source bytes per chunk when a read goes through a staging buffer."""
+"""Source bytes per chunk when a read to CUDA goes through a pinned staging buffer."""
+
+BOUNCE_CHUNK_BYTES = 16 << 20
+"""Source bytes per chunk of a converting CPU read. Each chunk is one parallel region of torch's copy;
+smaller chunks stay in the CPU cache, but on a busy machine waking torch's threads costs milliseconds per
+region (2 MiB chunks took 3x as long as 16 MiB there): benchmarks/RESULTS.md."""
+
+_BOUNCE_SLOT = 2
+"""This thread's staging slot for the bounce buffer (0 and 1 belong to the CUDA path)."""
 
 
 def read_tensor_into(tensor: SafetensorsTensor, out: torch.Tensor) -> None:
@@ -49,8 +62,8 @@ def read_tensor_into(tensor: SafetensorsTensor, out: torch.Tensor) -> None:
         advise_huge_pages(dest)
         if dest.dtype == tensor.dtype and dest.is_contiguous():
             _read_direct(tensor, dest)
-        elif not _read_mapped(tensor, dest):
-            _read_chunked_cpu(tensor, dest)
+        else:
+            _read_through_bounce(tensor, dest)
     elif dest.device.type == "cuda":
         _read_chunked_cuda(tensor, dest)
     else:
@@ -79,14 +92,14 @@ def _read_direct(tensor: SafetensorsTensor, dest: torch.Tensor) -> None:
     _count(tensor, tensor.nbytes)
 
 
-def _chunks(tensor: SafetensorsTensor) -> tuple[int, list[tuple[int, int]]]:
+def _chunks(tensor: SafetensorsTensor, chunk_bytes: int) -> tuple[int, list[tuple[int, int]]]:
     """The dim to split along (the outermost one longer than 1) and its ``(start, length)`` chunks."""
     shape = tensor.shape
     dim = next((d for d, size in enumerate(shape) if size != 1), 0)
     if not shape:
         return 0, [(0, 1)]
     inner = tensor.nbytes // shape[dim]
-    step = max(1, STAGING_CHUNK_BYTES // max(inner, 1))
+    step = max(1, chunk_bytes // max(inner, 1))
     return dim, [(start, min(step, shape[dim] - start)) for start in range(0, shape[dim], step)]
 
 
@@ -98,11 +111,11 @@ def _dest_piece(dest: torch.Tensor, dim: int, start: int, length: int) -> torch.
     return dest if dest.ndim == 0 else dest.narrow(dim, start, length)
 
 
-def _read_chunked_cpu(tensor: SafetensorsTensor, dest: torch.Tensor) -> None:
-    """Fallback for misaligned data: read chunks into a reused staging buffer, convert each into ``dest``."""
-    dim, chunks = _chunks(tensor)
+def _read_through_bounce(tensor: SafetensorsTensor, dest: torch.Tensor) -> None:
+    """Read each chunk into this thread's reused bounce buffer, then let torch convert it into ``dest``."""
+    dim, chunks = _chunks(tensor, BOUNCE_CHUNK_BYTES)
     largest = max(_piece(tensor, dim, s, n).nbytes for s, n in chunks)
-    buffer = staging_buffer(0, largest)
+    buffer = staging_buffer(_BOUNCE_SLOT, largest)
     with torch.no_grad():
         for first, length in chunks:
             piece = _piece(tensor, dim, first, length)
@@ -112,16 +125,8 @@ def _read_chunked_cpu(tensor: SafetensorsTensor, dest: torch.Tensor) -> None:
             _count(tensor, piece.nbytes)
 
 
-def _read_mapped(tensor: SafetensorsTensor, dest: torch.Tensor) -> bool:
-    with tensor.descriptor.borrow() as fd:
-        done = copy_through_map(fd, tensor, dest)
-    if done:
-        _count(tensor, tensor.nbytes)
-    return done
-
-
 def _read_chunked_cuda(tensor: SafetensorsTensor, dest: torch.Tensor) -> None:
-    dim, chunks = _chunks(tensor)
+    dim, chunks = _chunks(tensor, STAGING_CHUNK_BYTES)
     largest = max(_piece(tensor, dim, s, n).nbytes for s, n in chunks)
     pinned = [staging_buffer(slot, largest, pinned=True) for slot in range(min(2, len(chunks)))]
     done: list[torch.cuda.Event | None] = [None] * len(pinned)

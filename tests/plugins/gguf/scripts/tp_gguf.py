@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from loader.pipeline.load import load_model_with_report
+from loader._pipeline.load import load_model_with_report
 from tests.helpers.torchrun_exit import exit_rank
 
 

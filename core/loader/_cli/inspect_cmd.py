@@ -1,0 +1,81 @@
+"""``loader inspect SOURCE``: what a checkpoint holds, without loading it.
+
+Tensors are listed from the format's lazy stream, so nothing but headers is read.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from typing import Any
+
+import attrs
+
+from .output import format_bytes, print_json, print_table
+
+__all__ = ["inspect_source", "run_inspect"]
+
+
+def inspect_source(location: str, load_format: str = "auto", revision: str | None = None) -> dict[str, Any]:
+    """The facts ``loader inspect`` prints, as a JSON-friendly dict."""
+    import torch
+
+    from .. import _hooks
+    from .._options import LoadOptions
+    from .._pipeline.prepare import prepare_checkpoint
+    from .._registry import get_registry
+    from ..weights import ReadStats
+
+    # headers_only: a streaming format (s3://) may list tensors from headers instead of fetching them
+    options = LoadOptions(dtype=torch.float32, device=torch.device("cpu"), load_format=load_format,
+                          revision=revision, extra={"headers_only": True})
+    prepared = prepare_checkpoint(location, options)
+    archs = prepared.architectures
+    registry = get_registry()
+    known = [a for a in archs if a in registry.architectures()]
+    declared = prepared.hf_config.get("quantization_config")
+    quant = dict(declared) if isinstance(declared, dict) else None
+    stats = ReadStats()
+    counts: Counter[str] = Counter()
+    bytes_by_dtype: Counter[str] = Counter()
+    total = 0
+    tensors = 0
+    weight_format = prepared.weight_format
+    if weight_format.name == "sharded_state":  # its part files are plain safetensors, as the load reads them
+        weight_format = attrs.evolve(weight_format, name="safetensors")
+    for _, tensor in _hooks.iter_weights(prepared.source, weight_format, options, stats):
+        label = tensor.stored_type
+        counts[label] += 1
+        bytes_by_dtype[label] += tensor.nbytes
+        total += tensor.nbytes
+        tensors += 1
+    return {
+        "source": prepared.source.display(),
+        "format": prepared.weight_format.name,
+        "architectures": archs,
+        "architecture": known[0] if known else None,
+        "plugin": registry.entry(known[0]).plugin if known else None,
+        "quantization": quant,
+        "files": list(prepared.weight_format.files),
+        "tensors": tensors,
+        "bytes": total,
+        "dtypes": {k: {"tensors": counts[k], "bytes": bytes_by_dtype[k]} for k in sorted(counts)},
+    }
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    info = inspect_source(args.source, args.format, args.revision)
+    if args.json:
+        print_json(info)
+        return 0
+    print(f"source        {info['source']}")
+    print(f"format        {info['format']}")
+    arch = info["architecture"] or f"none installed for {', '.join(info['architectures'])}"
+    print(f"architecture  {arch}" + (f"  (plugin {info['plugin']})" if info["plugin"] else ""))
+    print(f"quantization  {info['quantization'].get('quant_method') if info['quantization'] else 'none'}")
+    print(f"files         {len(info['files'])}")
+    print(f"tensors       {info['tensors']}  ({format_bytes(info['bytes'])})")
+    print()
+    print_table(["dtype", "tensors", "bytes"],
+                [[k, v["tensors"], format_bytes(v["bytes"])] for k, v in info["dtypes"].items()])
+    return 0

@@ -1,0 +1,70 @@
+"""``loader load`` and ``loader generate``: load for real and report, or talk to the model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .output import format_bytes, print_json
+
+__all__ = ["parse_format_options", "run_generate", "run_load"]
+
+
+def parse_format_options(pairs: list[str]) -> dict[str, str]:
+    """``["concurrency=16", ...]`` from ``--format-option`` into a dict; the format plugin validates the values."""
+    from ..errors import UnsupportedError
+
+    options: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise UnsupportedError(f"--format-option expects KEY=VALUE, found {pair!r}")
+        options[key.strip()] = value.strip()
+    return options
+
+
+def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from .._pipeline.load import load_model_with_report
+
+    return load_model_with_report(
+        args.source, dtype=args.dtype, device=args.device, load_format=args.format,
+        quantization=args.quantization, revision=args.revision,
+        format_options=parse_format_options(args.format_options),
+        progress=sys.stderr.isatty() and not args.json,
+    )
+
+
+def run_load(args: argparse.Namespace) -> int:
+    _, report = _load(args)
+    if args.json:
+        print_json(report.to_json())
+        return 0
+    print(f"loaded {report.architecture} from {report.source} ({report.load_format}, {len(report.files)} files)")
+    print(f"  tensors        {report.tensors}")
+    print(f"  parameters     {format_bytes(report.parameter_bytes)} as {report.dtype} on {report.device}")
+    if report.quantization:
+        print(f"  quantization   {report.quantization}")
+    if report.tp_size > 1:
+        print(f"  tensor parallel rank {report.tp_rank} of {report.tp_size}")
+    print(f"  read           {format_bytes(report.bytes_read)} of {format_bytes(report.checkpoint_bytes)}")
+    if report.bytes_mapped:
+        print(f"  mapped         {format_bytes(report.bytes_mapped)} (page cache pages, not copied)")
+    print(f"  seconds        {report.seconds:.3f}  ({report.gb_per_second:.2f} GB/s)")
+    print(f"  peak RSS       {format_bytes(report.peak_rss_bytes)}")
+    return 0
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from .._generation import generate_greedy, tokenizer_for
+
+    model, report = _load(args)
+    bundle = tokenizer_for(args.source, load_format=args.format, revision=args.revision)
+    result = generate_greedy(model, bundle, args.prompt, max_new_tokens=args.max_new_tokens, chat=args.chat,
+                             system=args.system)
+    if args.json:
+        print_json({"text": result.text, "prompt_tokens": len(result.prompt_ids),
+                    "output_ids": list(result.output_ids), "load": report.to_json(),
+                    "tokens_per_second": round(result.tokens_per_second, 2)})
+        return 0
+    print(result.text.strip())
+    return 0

@@ -1,0 +1,102 @@
+"""Cache keys for probed model info: what, if it changed, would change the answer.
+
+A probe result depends on the model class's source (its whole top-level
+package, since a model module imports its siblings), on the code that reads
+the class (``loader._interfaces`` and the probe itself) and on the versions of
+Python, torch and loader-core. Sources are fingerprinted by ``(path, size,
+mtime_ns)`` of every ``.py`` file, found with ``importlib.util.find_spec`` on the
+top-level package, which locates the files without importing anything. Torch's
+version is read from its distribution metadata, never by importing torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from .entry import RegisteredModel
+
+__all__ = ["cache_key", "environment_fingerprint", "package_source_files", "source_fingerprint"]
+
+_SKIP_DIRS = {"__pycache__", ".git", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
+
+
+def _python_files(root: str) -> Iterator[str]:
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
+        for name in sorted(files):
+            if name.endswith(".py"):
+                yield os.path.join(folder, name)
+
+
+def package_source_files(top_level: str) -> list[str] | None:
+    """Every ``.py`` file of a top-level package (or the one file of a module), or ``None`` if not found.
+
+    ``find_spec`` on a top-level name only searches ``sys.path``; it imports nothing.
+    """
+    try:
+        spec = importlib.util.find_spec(top_level)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.submodule_search_locations is not None:
+        files: list[str] = []
+        for location in spec.submodule_search_locations:
+            files.extend(_python_files(location))
+        return files
+    if spec.origin and os.path.isfile(spec.origin):
+        return [spec.origin]
+    return None
+
+
+def _stat_digest(paths: Iterable[str]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        digest.update(f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def source_fingerprint(top_level: str) -> str | None:
+    """Digest of the package's sources, or ``None`` when the package cannot be located (no caching)."""
+    files = package_source_files(top_level)
+    return None if files is None else _stat_digest(files)
+
+
+def _distribution_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+@functools.cache
+def environment_fingerprint() -> str:
+    """Python, torch and loader-core versions plus the sources that compute the info (once per process)."""
+    here = Path(__file__).resolve().parent
+    probe_sources = [here / "capabilities.py", here / "__main__.py", here.parent / "interfaces.py"]
+    parts = {
+        "python": sys.version,
+        "executable": sys.executable,
+        "torch": _distribution_version("torch"),
+        "loader-core": _distribution_version("loader-core"),
+        "probe-sources": _stat_digest(str(p) for p in probe_sources),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def cache_key(entry: RegisteredModel, sources: str) -> str:
+    """The key one architecture's probe result is stored under."""
+    parts = [entry.architecture, entry.class_path, sources, environment_fingerprint()]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()

@@ -1,0 +1,233 @@
+"""Architecture name -> lazily imported model class, and what each class can do.
+
+Plugins register through ``loader_register_architectures(register)`` with
+``register("Arch", "package.module:Class")``. :class:`ModelRegistry` collects
+those (rejecting a name registered twice, naming both plugins), imports a class
+only when a load needs it (:meth:`ModelRegistry.resolve`), and answers
+:meth:`ModelRegistry.model_info` from memory, the disk cache, or one probe
+child for everything still unknown, never by importing a model module here.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+
+from ..errors import PluginError, UnknownArchitectureError
+from .cache import ProbeCache
+from .capabilities import ModelInfo
+from .entry import RegisteredModel, check_class_path
+from .fingerprint import cache_key, source_fingerprint
+from .probe import ProbeOutcome, probe_in_child, probe_in_process, wants_in_process_probe
+
+if TYPE_CHECKING:
+    from .._plugins import PluginHost
+
+__all__ = ["ModelRegistry", "get_registry", "model_info"]
+
+
+@attrs.define
+class ModelRegistry:
+    """Registered architectures of one plugin host, their classes once loaded, their probed info."""
+
+    cache: ProbeCache = attrs.field(factory=ProbeCache)
+    _entries: dict[str, RegisteredModel] = attrs.field(factory=dict, init=False)
+    _classes: dict[str, type] = attrs.field(factory=dict, init=False)
+    _infos: dict[str, ModelInfo] = attrs.field(factory=dict, init=False)
+    _lock: threading.RLock = attrs.field(factory=threading.RLock, init=False, repr=False)
+
+    @classmethod
+    def from_host(cls, host: PluginHost | None = None, *, cache: ProbeCache | None = None) -> ModelRegistry:
+        """Ask every plugin of ``host`` (default: the process-wide host) to register its architectures."""
+        from .._hooks import register_architectures
+
+        registry = cls() if cache is None else cls(cache=cache)
+        register_architectures(registry.callback_for, host)
+        return registry
+
+    # --- registration -----------------------------------------------------------------
+
+    def callback_for(self, plugin: str) -> Callable[[str, str], None]:
+        """The ``register`` callback handed to ``plugin``'s hook implementation."""
+
+        def register(architecture: str, class_path: str) -> None:
+            self.register(architecture, class_path, plugin=plugin)
+
+        return register
+
+    def register(self, architecture: str, class_path: str, *, plugin: str) -> RegisteredModel:
+        """Add one architecture; a name already taken is a :class:`PluginError` naming both plugins."""
+        if not isinstance(architecture, str) or not architecture.strip():
+            raise PluginError(
+                f"plugin {plugin!r} registered architecture {architecture!r}; expected a non-empty name "
+                "such as 'LlamaForCausalLM'"
+            )
+        check_class_path(class_path, architecture=architecture, plugin=plugin)
+        entry = RegisteredModel(architecture=architecture, plugin=plugin, class_path=class_path)
+        with self._lock:
+            taken = self._entries.get(architecture)
+            if taken is not None:
+                raise PluginError(
+                    f"architecture {architecture!r} is registered twice: by plugin {taken.plugin!r} "
+                    f"({taken.class_path}) and by plugin {plugin!r} ({class_path})"
+                )
+            self._entries[architecture] = entry
+        return entry
+
+    # --- lookup -----------------------------------------------------------------------
+
+    def architectures(self) -> list[str]:
+        """Registered architecture names, sorted."""
+        return sorted(self._entries)
+
+    def entries(self) -> list[RegisteredModel]:
+        """Registrations, sorted by architecture."""
+        return [self._entries[name] for name in self.architectures()]
+
+    def entry(self, architecture: str) -> RegisteredModel:
+        """The registration of ``architecture``; :class:`UnknownArchitectureError` if there is none."""
+        try:
+            return self._entries[architecture]
+        except KeyError:
+            raise UnknownArchitectureError(
+                f"architecture {architecture!r} is not registered by any installed plugin; "
+                f"known: {self._known()}"
+            ) from None
+
+    def _known(self) -> str:
+        return ", ".join(self.architectures()) or "none (is a model plugin installed?)"
+
+    def load_class(self, architecture: str) -> type:
+        """Import and return the class (once); import failures are :class:`PluginError`."""
+        entry = self.entry(architecture)
+        with self._lock:
+            cls = self._classes.get(architecture)
+            if cls is None:
+                cls = self._classes[architecture] = entry.load_class()
+        return cls
+
+    def resolve(self, architectures: Sequence[str]) -> tuple[str, type]:
+        """The first of a config's ``architectures`` that is registered, with its class imported."""
+        if isinstance(architectures, str):
+            architectures = [architectures]
+        for name in architectures:
+            if name in self._entries:
+                return name, self.load_class(name)
+        if not architectures:
+            raise UnknownArchitectureError(
+                f"config.json lists no architectures; expected one of: {self._known()}"
+            )
+        raise UnknownArchitectureError(
+            f"config.json architectures {list(architectures)!r}: none is registered by an installed plugin; "
+            f"known: {self._known()}"
+        )
+
+    # --- capabilities -----------------------------------------------------------------
+
+    def model_info(self, architecture: str) -> ModelInfo:
+        """What ``architecture``'s class can do, without importing it in this process."""
+        return self.model_infos([architecture])[architecture]
+
+    def model_infos(self, architectures: Iterable[str] | None = None) -> dict[str, ModelInfo]:
+        """Info of each architecture (default: all), probing every missing one in one child.
+
+        Raises the first :class:`PluginError` if any could not be probed (the
+        others are still cached); :meth:`model_infos_or_errors` returns them all.
+        """
+        infos: dict[str, ModelInfo] = {}
+        for name, outcome in self.model_infos_or_errors(architectures).items():
+            if isinstance(outcome, PluginError):
+                raise outcome
+            infos[name] = outcome
+        return infos
+
+    def model_infos_or_errors(self, architectures: Iterable[str] | None = None) -> dict[str, ProbeOutcome]:
+        """Like :meth:`model_infos`, but a failed probe is returned as its error (for listings)."""
+        names = self.architectures() if architectures is None else list(architectures)
+        entries = [self.entry(name) for name in names]
+        outcomes: dict[str, ProbeOutcome] = {}
+        pending: list[RegisteredModel] = []
+        in_process = wants_in_process_probe()
+        with self._lock:
+            for entry in entries:
+                known = self._infos.get(entry.architecture)
+                if known is not None:
+                    outcomes[entry.architecture] = known
+                elif in_process or entry.architecture in self._classes or entry.is_imported():
+                    outcomes[entry.architecture] = self._probe_here(entry)
+                else:
+                    pending.append(entry)
+            to_probe = self._read_cache(pending, outcomes)
+            if to_probe:
+                probed = probe_in_child([entry for entry, _ in to_probe])
+                for entry, key in to_probe:
+                    outcome = probed[entry.architecture]
+                    outcomes[entry.architecture] = outcome
+                    if isinstance(outcome, ModelInfo):
+                        self._infos[entry.architecture] = outcome
+                        if key is not None:
+                            self.cache.store(entry, key, outcome)
+        return {name: outcomes[name] for name in names}
+
+    def _probe_here(self, entry: RegisteredModel) -> ProbeOutcome:
+        try:
+            info = probe_in_process(entry)
+        except PluginError as exc:
+            return exc
+        self._infos[entry.architecture] = info
+        return info
+
+    def _read_cache(self, entries: list[RegisteredModel],
+                    outcomes: dict[str, ProbeOutcome]) -> list[tuple[RegisteredModel, str | None]]:
+        """Fill ``outcomes`` from disk; return the entries still to probe with their cache keys."""
+        sources: dict[str, str | None] = {}
+        missing: list[tuple[RegisteredModel, str | None]] = []
+        for entry in entries:
+            package = entry.top_level_package
+            if package not in sources:
+                sources[package] = source_fingerprint(package)
+            fingerprint = sources[package]
+            key = None if fingerprint is None else cache_key(entry, fingerprint)
+            cached = None if key is None else self.cache.load(entry, key)
+            if cached is None:
+                missing.append((entry, key))
+            else:
+                self._infos[entry.architecture] = outcomes[entry.architecture] = cached
+        return missing
+
+
+_registries: dict[int, tuple[weakref.ref[PluginHost], ModelRegistry]] = {}
+_registries_lock = threading.Lock()
+
+
+def get_registry(host: PluginHost | None = None) -> ModelRegistry:
+    """The registry of ``host`` (default: the load session's host), built once per host object."""
+    if host is None:
+        from .._session import current_session
+
+        host = current_session().plugin_host()
+    key = id(host)
+    with _registries_lock:
+        found = _registries.get(key)
+        if found is not None and found[0]() is host:
+            return found[1]
+    registry = ModelRegistry.from_host(host)
+    with _registries_lock:
+        found = _registries.get(key)
+        if found is not None and found[0]() is host:
+            return found[1]
+
+        def forget(_ref: weakref.ref[PluginHost]) -> None:
+            _registries.pop(key, None)
+
+        _registries[key] = (weakref.ref(host, forget), registry)
+    return registry
+
+
+def model_info(architecture: str) -> ModelInfo:
+    """What ``architecture``'s class can do, from the process-wide registry."""
+    return get_registry().model_info(architecture)

@@ -1,0 +1,20 @@
+"""Public: the I/O helpers a format plugin reads files with.
+
+- the shared I/O thread pool (``LOADER_READ_THREADS``): :func:`io_pool`,
+  :func:`io_threads`, :func:`run_in_pool`;
+- positioned exact reads: :func:`pread_exactly`;
+- the error a file shorter than its header promised raises: :func:`truncated_error`.
+"""
+
+from __future__ import annotations
+
+from ._file_reads import pread_exactly, truncated_error
+from ._io_pool import io_pool, io_threads, run_in_pool
+
+__all__ = [
+    "io_pool",
+    "io_threads",
+    "pread_exactly",
+    "run_in_pool",
+    "truncated_error",
+]

@@ -1,0 +1,121 @@
+"""Plugins keep to the declared API (``loader._public_api``), and the docs list it.
+
+Every in-tree plugin's source, the out-of-tree fixture plugin and the Python
+blocks of ``docs/*.md`` are scanned: an import of (or an attribute reaching)
+any ``loader`` module or name outside the public modules' ``__all__`` fails,
+naming the file, the line and the internal name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from loader._public_api import PUBLIC_MODULES, PrivateImport, private_imports, public_names
+
+REPO = Path(__file__).resolve().parents[2]
+PLUGIN_SOURCES = sorted(
+    [*REPO.glob("plugins/*/src/**/*.py"), *REPO.glob("tests/fixtures/loader-plugin-*/src/**/*.py")]
+)
+DOCS = [*sorted(REPO.glob("docs/*.md")), REPO / "README.md", *sorted(REPO.glob("plugins/*/README.md"))]
+PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
+
+
+def _doc_blocks(path: Path) -> list[tuple[int, str]]:
+    """Each Python block (its first line's offset, its code); a bare signature (docs/hooks.md) gets a body."""
+    text = path.read_text(encoding="utf-8")
+    blocks = []
+    for m in PYTHON_BLOCK.finditer(text):
+        code = m.group(1)
+        if code.lstrip().startswith("def ") and code.rstrip().endswith(("None", ")", "]")):
+            code = code.rstrip() + ": ...\n"
+        blocks.append((text.count("\n", 0, m.start(1)), code))
+    return blocks
+
+
+def test_the_scan_covers_every_plugin_and_the_fixture() -> None:
+    packages = {p.parts[p.parts.index("src") + 1] for p in PLUGIN_SOURCES}
+    assert {"loader_plugin_safetensors", "loader_plugin_gguf", "loader_plugin_bnb", "loader_plugin_llama",
+            "loader_plugin_mistral", "loader_plugin_qwen", "loader_plugin_toymodel"} <= packages
+
+
+@pytest.mark.parametrize("path", PLUGIN_SOURCES, ids=lambda p: str(p.relative_to(REPO)))
+def test_plugins_import_only_the_public_api(path: Path) -> None:
+    found = private_imports(path.read_text(encoding="utf-8"), str(path.relative_to(REPO)))
+    assert not found, "\n".join(map(str, found))
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_doc_examples_import_only_the_public_api(path: Path) -> None:
+    found: list[PrivateImport] = []
+    for first_line, block in _doc_blocks(path):
+        for hit in private_imports(block, str(path.relative_to(REPO))):
+            found.append(PrivateImport(hit.file, first_line + hit.line, hit.name))
+    assert not found, "\n".join(map(str, found))
+
+
+def test_a_plugin_importing_an_internal_is_reported(tmp_path: Path) -> None:
+    plugin = tmp_path / "loader_plugin_sneaky" / "plugin.py"
+    plugin.parent.mkdir()
+    plugin.write_text(textwrap.dedent("""\
+        import loader
+        from loader.hookspecs import hookimpl
+        from loader._pipeline.prepare import filter_weight_files
+        from loader.weights import CheckpointTensor, _not_there
+        from loader.layers.linear import RowParallelLinear
+        import loader._registry as registry
+
+        def late():
+            return loader._hooks.iter_weights, loader.checkpoint.Source
+        """))
+    found = private_imports(plugin.read_text(), str(plugin))
+    assert [str(p) for p in found] == [
+        f"{plugin}:3: imports loader._pipeline.prepare, which is not in loader's public API",
+        f"{plugin}:4: imports loader.weights._not_there, which is not in loader's public API",
+        f"{plugin}:5: imports loader.layers.linear, which is not in loader's public API",
+        f"{plugin}:6: imports loader._registry, which is not in loader's public API",
+        f"{plugin}:9: imports loader._hooks, which is not in loader's public API",
+    ]
+
+
+def test_every_declared_name_exists() -> None:
+    for module in PUBLIC_MODULES:
+        mod = importlib.import_module(module)
+        missing = [name for name in public_names(module) if not hasattr(mod, name)]
+        assert not missing, f"{module} declares {missing} in __all__ but does not define them"
+
+
+def test_internal_modules_are_underscored() -> None:
+    """Every top-level module or package of the core is public or starts with an underscore."""
+    root = Path(importlib.import_module("loader").__file__ or "").parent
+    top = {p.stem for p in root.glob("*.py") if p.stem != "__init__"} | {
+        p.parent.name for p in root.glob("*/__init__.py")}
+    public = {m.removeprefix("loader.") for m in PUBLIC_MODULES if m != "loader"}
+    assert {name for name in top if not name.startswith("_")} == public
+
+
+@pytest.mark.parametrize("doc", ["plugin-authoring.md", "architecture.md"])
+def test_docs_list_the_public_modules(doc: str) -> None:
+    text = (REPO / "docs" / doc).read_text(encoding="utf-8")
+    missing = [m for m in PUBLIC_MODULES if f"`{m}`" not in text]
+    assert not missing, f"docs/{doc} does not list {missing}"
+
+
+def test_plugin_authoring_lists_every_public_name() -> None:
+    text = (REPO / "docs" / "plugin-authoring.md").read_text(encoding="utf-8")
+    missing = [f"{m}.{n}" for m in PUBLIC_MODULES for n in sorted(public_names(m))
+               if not re.search(rf"`{re.escape(n)}`", text)]
+    assert not missing, f"docs/plugin-authoring.md does not list {missing}"
+
+
+def test_public_modules_import_no_torch() -> None:
+    code = (f"import importlib, sys; [importlib.import_module(m) for m in {list(PUBLIC_MODULES)!r}]; "
+            "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
