@@ -74,3 +74,22 @@ def test_missing_rank_part_is_refused(tp2_state: Path, s3_client: Any, bucket: s
     s3_client.delete_object(Bucket=bucket, Key="tp2/model-rank-1-part-0.safetensors")
     with simulated_tp(1, 2), pytest.raises(loader.LoadError, match=r"no model-rank-1-part-\*.safetensors files"):
         loader.load_model(f"s3://{bucket}/tp2")
+
+
+def test_save_sharded_from_s3_keeps_the_tokenizer(llama_checkpoint: Path, tmp_path: Path, s3_client: Any,
+                                                  bucket: str) -> None:
+    import shutil
+
+    from tests.helpers.tokenizers_files import write_tokenizer
+
+    folder = tmp_path / "ck"
+    shutil.copytree(llama_checkpoint, folder)
+    write_tokenizer(folder)
+    upload_folder(s3_client, folder, bucket, "m")
+    saved = save_sharded(f"s3://{bucket}/m", tmp_path / "out", tp_size=1, dtype="float32")
+    assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (folder / "tokenizer.json").read_bytes()
+    assert (tmp_path / "out" / "tokenizer_config.json").is_file()
+    sharded = loader.load_model(saved.folder, dtype="float32")
+    local = loader.load_model(str(llama_checkpoint), dtype="float32")
+    for (name, a), (_, b) in zip(sharded.state_dict().items(), local.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
