@@ -131,7 +131,11 @@ def loader_iter_weights(
 
     :param source: the resolved source.
     :param weight_format: the chosen format with the filtered files.
-    :param options: the load options (target dtype and device, TP rank/size).
+    :param options: the load options (target dtype and device, TP rank/size);
+        ``options.extra["format_options"]`` holds the user's options for the format
+        (``load_model(format_options=...)``, ``--format-option``), and
+        ``options.extra["headers_only"]`` is true when the caller reads only names,
+        shapes and dtypes (``loader inspect``), so a streaming format need not fetch values.
     :param stats: counter of bytes read.
     :param model: the model being loaded, built and given storage (the core's ``dummy``
         format reads its parameter names and shapes; checkpoint formats need not take it).

@@ -42,7 +42,7 @@ def _doc_blocks(path: Path) -> list[tuple[int, str]]:
 def test_the_scan_covers_every_plugin_and_the_fixture() -> None:
     packages = {p.parts[p.parts.index("src") + 1] for p in PLUGIN_SOURCES}
     assert {"loader_plugin_safetensors", "loader_plugin_gguf", "loader_plugin_bnb", "loader_plugin_llama",
-            "loader_plugin_mistral", "loader_plugin_qwen", "loader_plugin_toymodel"} <= packages
+            "loader_plugin_mistral", "loader_plugin_qwen", "loader_plugin_runai", "loader_plugin_toymodel"} <= packages
 
 
 @pytest.mark.parametrize("path", PLUGIN_SOURCES, ids=lambda p: str(p.relative_to(REPO)))

@@ -26,8 +26,9 @@ def inspect_source(location: str, load_format: str = "auto", revision: str | Non
     from .._registry import get_registry
     from ..weights import ReadStats
 
+    # headers_only: a streaming format (s3://) may list tensors from headers instead of fetching them
     options = LoadOptions(dtype=torch.float32, device=torch.device("cpu"), load_format=load_format,
-                          revision=revision)
+                          revision=revision, extra={"headers_only": True})
     prepared = prepare_checkpoint(location, options)
     archs = prepared.architectures
     registry = get_registry()

@@ -7,7 +7,20 @@ import sys
 
 from .output import format_bytes, print_json
 
-__all__ = ["run_generate", "run_load"]
+__all__ = ["parse_format_options", "run_generate", "run_load"]
+
+
+def parse_format_options(pairs: list[str]) -> dict[str, str]:
+    """``["concurrency=16", ...]`` from ``--format-option`` into a dict; the format plugin validates the values."""
+    from ..errors import UnsupportedError
+
+    options: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise UnsupportedError(f"--format-option expects KEY=VALUE, found {pair!r}")
+        options[key.strip()] = value.strip()
+    return options
 
 
 def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -16,6 +29,7 @@ def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return load_model_with_report(
         args.source, dtype=args.dtype, device=args.device, load_format=args.format,
         quantization=args.quantization, revision=args.revision,
+        format_options=parse_format_options(args.format_options),
         progress=sys.stderr.isatty() and not args.json,
     )
 

@@ -42,6 +42,8 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", default="auto", help="auto (default), dummy, or a format plugin's name")
     p.add_argument("--quantization", default=None, help="quantize while loading with this method")
     p.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit)")
+    p.add_argument("--format-option", dest="format_options", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option for the format plugin (repeatable), e.g. concurrency=16 for runai_streamer")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 

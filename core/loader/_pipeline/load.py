@@ -140,7 +140,7 @@ def _resolve_device(value: str | torch.device) -> torch.device:
 def build_options(
     *, dtype: Any = "bfloat16", device: str | torch.device = "cpu", load_format: str = "auto",
     quantization: str | None = None, revision: str | None = None,
-    quantization_options: Mapping[str, Any] | None = None,
+    quantization_options: Mapping[str, Any] | None = None, format_options: Mapping[str, Any] | None = None,
 ) -> LoadOptions:
     """Validate user arguments into :class:`LoadOptions` (dtype ``"auto"`` is resolved later)."""
     if not isinstance(load_format, str) or not load_format:
@@ -155,6 +155,8 @@ def build_options(
     extra: dict[str, Any] = {"dtype_auto": isinstance(dtype, str) and dtype == "auto"}
     if quantization_options:
         extra["quantization_options"] = dict(quantization_options)
+    if format_options:
+        extra["format_options"] = dict(format_options)
     return LoadOptions(
         dtype=parsed, device=resolved_device, load_format=load_format, quantization=quantization,
         revision=revision, extra=extra,
@@ -242,13 +244,14 @@ def _load_weights(model: nn.Module, stream: Iterator[tuple[str, CheckpointTensor
 def load_model_with_report(
     source: str, *, dtype: Any = "bfloat16", device: str | torch.device = "cpu", load_format: str = "auto",
     quantization: str | None = None, revision: str | None = None,
-    quantization_options: Mapping[str, Any] | None = None, progress: bool = False,
-    host: PluginHost | None = None,
+    quantization_options: Mapping[str, Any] | None = None, format_options: Mapping[str, Any] | None = None,
+    progress: bool = False, host: PluginHost | None = None,
 ) -> tuple[nn.Module, LoadReport]:
     """Load ``source`` and return the model with a :class:`LoadReport`."""
     start = time.perf_counter()
     options = build_options(dtype=dtype, device=device, load_format=load_format, quantization=quantization,
-                            revision=revision, quantization_options=quantization_options)
+                            revision=revision, quantization_options=quantization_options,
+                            format_options=format_options)
     outer = current_session()  # a simulated rank (save-sharded, tests) carries over
     session = LoadSession(host=host if host is not None else outer.host, tp_rank=outer.tp_rank,
                           tp_size=outer.tp_size, dtype=options.dtype, device=options.device)
@@ -316,8 +319,8 @@ def _build_and_fill(prepared: PreparedCheckpoint, options: LoadOptions, progress
 def load_model(
     source: str, dtype: Any = "bfloat16", device: str | torch.device = "cpu", load_format: str = "auto",
     quantization: str | None = None, *, revision: str | None = None,
-    quantization_options: Mapping[str, Any] | None = None, progress: bool = False,
-    host: PluginHost | None = None,
+    quantization_options: Mapping[str, Any] | None = None, format_options: Mapping[str, Any] | None = None,
+    progress: bool = False, host: PluginHost | None = None,
 ) -> nn.Module:
     """Load a checkpoint into a ready ``torch.nn.Module``.
 
@@ -331,11 +334,14 @@ def load_model(
         or a format plugin's name (``"safetensors"``, ``"pt"``, ``"gguf"``, ...).
     :param quantization: a quantization plugin's method to quantize while
         loading (``"bitsandbytes"``), or ``None`` to use what the checkpoint declares.
+    :param format_options: options for the format plugin that reads the
+        weights (the Run:ai streamer's ``concurrency``, ``memory_limit``, ``chunk_bytesize``).
     :returns: the model in eval mode; ``model(input_ids)`` gives logits.
     :raises loader.LoadError: for any problem with the input; nothing half-loaded is returned.
     """
     model, _ = load_model_with_report(
         source, dtype=dtype, device=device, load_format=load_format, quantization=quantization,
-        revision=revision, quantization_options=quantization_options, progress=progress, host=host,
+        revision=revision, quantization_options=quantization_options, format_options=format_options,
+        progress=progress, host=host,
     )
     return model

@@ -7,6 +7,7 @@ needs neither eight processes nor eight GPUs, and memory stays at one rank's sha
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import shutil
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ import torch
 from torch import nn
 
 from .._distributed import simulated_tp
+from ..checkpoint import Source, read_source_file
 from ..errors import SourceNotFoundError, UnsupportedError
 from .layout import ShardedLayout, part_file_name, write_marker
 from .writer import write_safetensors
@@ -62,13 +64,21 @@ def _split(items: list[tuple[str, torch.Tensor]], max_bytes: int) -> list[list[t
     return parts
 
 
-def _copy_side_files(source_dir: Path | None, out: Path) -> None:
-    if source_dir is None:
+def _copy_side_files(source: Source, out: Path) -> None:
+    """The tokenizer files beside the weights, from a local folder or through a remote source's reader."""
+    if source.directory is not None:
+        for pattern in SIDE_FILE_PATTERNS:
+            for path in source.directory.glob(pattern):
+                if path.is_file():
+                    shutil.copy2(path, out / path.name)
         return
-    for pattern in SIDE_FILE_PATTERNS:
-        for path in source_dir.glob(pattern):
-            if path.is_file():
-                shutil.copy2(path, out / path.name)
+    if source.reader is None:
+        return
+    for name in source.reader.list_files():
+        if "/" not in name and any(fnmatch.fnmatchcase(name, pattern) for pattern in SIDE_FILE_PATTERNS):
+            data = read_source_file(source, name)
+            if data is not None:
+                (out / name).write_bytes(data)
 
 
 def _create_output_folder(folder: Path) -> None:
@@ -115,7 +125,7 @@ def save_sharded(source: str, out: str | Path, *, tp_size: int, dtype: Any = "bf
     prepared = prepare_checkpoint(source, options)
     hf_config = prepared.hf_config
     (folder / "config.json").write_text(json.dumps(dict(hf_config), indent=2, default=str) + "\n")
-    _copy_side_files(prepared.source.directory, folder)
+    _copy_side_files(prepared.source, folder)
     from .._plugins import _core_version
 
     write_marker(folder, ShardedLayout(tp_size=tp_size, dtype=dtype_name, architecture=architecture,
