@@ -30,6 +30,8 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", default="auto", help="auto (default), dummy, or a format plugin's name")
     p.add_argument("--quantization", default=None, help="quantize while loading with this method")
     p.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit)")
+    p.add_argument("--model-impl", default="auto", dest="model_impl",
+                   help="auto (default: a native class, else the transformers fallback), native, or transformers")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -46,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source")
     p.add_argument("--format", default="auto")
     p.add_argument("--revision", default=None)
+    p.add_argument("--model-impl", default="auto", dest="model_impl", help="auto (default), native or transformers")
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("load", help="load a checkpoint, verify it and report speed and memory")
     _add_load_args(p)

@@ -1,0 +1,31 @@
+"""The plugin appears in ``loader plugins``, registers the fallback, and imports light."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from loader.plugins import create_plugin_host
+from loader.registry import ModelRegistry
+
+
+def test_listed_with_its_hook():
+    records = {r.name: r for r in create_plugin_host().records}
+    record = records["transformers"]
+    assert record.status == "loaded"
+    assert record.distribution == "loader-plugin-transformers"
+    assert "loader_register_architectures" in record.hooks
+
+
+def test_registers_the_fallback():
+    registry = ModelRegistry.from_host(create_plugin_host())
+    assert registry.fallback is not None
+    assert registry.fallback.architecture == "TransformersForCausalLM"
+    assert registry.fallback.plugin == "transformers"
+
+
+def test_entry_point_imports_neither_torch_nor_transformers():
+    code = ("import sys, loader_plugin_transformers.plugin; "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
