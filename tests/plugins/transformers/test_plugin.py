@@ -10,8 +10,7 @@ from loader.registry import ModelRegistry
 
 
 def test_listed_with_its_hook():
-    records = {r.name: r for r in create_plugin_host().records}
-    record = records["transformers"]
+    record = create_plugin_host().records["transformers"]
     assert record.status == "loaded"
     assert record.distribution == "loader-plugin-transformers"
     assert "loader_register_architectures" in record.hooks
