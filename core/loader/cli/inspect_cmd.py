@@ -20,11 +20,10 @@ def inspect_source(location: str, load_format: str = "auto", revision: str | Non
     import torch
 
     from .. import hooks
-    from ..options import LoadOptions
+    from ..errors import UnknownArchitectureError
+    from ..options import LoadOptions, check_model_impl
     from ..pipeline.prepare import prepare_checkpoint
     from ..registry import get_registry
-    from ..errors import UnknownArchitectureError
-    from ..options import check_model_impl
     from ..weights import ReadStats
 
     check_model_impl(model_impl)

@@ -8,8 +8,13 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 import loader
-from loader.errors import LoadError, MissingWeightsError, UnexpectedWeightError, UnknownArchitectureError
-from loader.errors import UnsupportedError
+from loader.errors import (
+    LoadError,
+    MissingWeightsError,
+    UnexpectedWeightError,
+    UnknownArchitectureError,
+    UnsupportedError,
+)
 from loader.hookspecs import hookimpl
 from loader.layers.quantization import QuantizationConfig
 from loader.plugins import create_plugin_host

@@ -53,7 +53,9 @@ class TransformersForCausalLM(nn.Module, SupportsTensorParallel, SupportsQuantiz
         self.architecture = spec.architecture
         self.label = f"transformers' {spec.architecture}"
         check_quantization(ctx.quant_config, spec.architecture)
-        self.hf_model = spec.model_class._from_config(spec.config, dtype=ctx.dtype)
+        self.hf_config = spec.config
+        build = spec.model_class._from_config  # type: ignore[attr-defined]
+        self.hf_model: nn.Module = build(spec.config, dtype=ctx.dtype)
         plan = getattr(spec.config, "base_model_tp_plan", None)
         self._transposed = swap_linears(self.hf_model, architecture=spec.architecture, plan=plan,
                                         quant_config=ctx.quant_config, dtype=ctx.dtype)
@@ -80,6 +82,6 @@ class TransformersForCausalLM(nn.Module, SupportsTensorParallel, SupportsQuantiz
         if hf_cache is None:
             from transformers import DynamicCache
 
-            hf_cache = self._caches[cache] = DynamicCache(config=self.hf_model.config)
+            hf_cache = self._caches[cache] = DynamicCache(config=self.hf_config)
         out = self.hf_model(input_ids=input_ids, past_key_values=hf_cache, use_cache=True)
         return out.logits  # type: ignore[no-any-return]

@@ -100,7 +100,8 @@ def swap_linears(hf_model: nn.Module, *, architecture: str, plan: Mapping[str, s
         )
     conv1d = _conv1d_type()
     kinds = (nn.Linear,) if conv1d is None else (nn.Linear, conv1d)
-    head = hf_model.get_output_embeddings() if hasattr(hf_model, "get_output_embeddings") else None
+    get_head = getattr(hf_model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
     base_prefix = str(getattr(hf_model, "base_model_prefix", "") or "")
     swapped_conv1d: set[str] = set()
     for name, module in list(hf_model.named_modules()):
@@ -113,6 +114,7 @@ def swap_linears(hf_model: nn.Module, *, architecture: str, plan: Mapping[str, s
                 f"{architecture}: base_model_tp_plan gives {relative} the style {style!r}; the transformers "
                 f"fallback shards only {', '.join(SUPPORTED_STYLES)}"
             )
+        assert isinstance(module, nn.Module)
         layer = _layer(style, _sizes(module), dtype, quant_config, name)
         hf_model.set_submodule(name, layer)
         if conv1d is not None and isinstance(module, conv1d):
