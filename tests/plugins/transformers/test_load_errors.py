@@ -89,6 +89,15 @@ def test_tensor_parallel_without_a_plan_names_the_architecture(tmp_path):
     assert _one_line(exc).startswith("GPT2LMHeadModel: tensor parallel size 2 needs a base_model_tp_plan")
 
 
+def test_tensor_parallel_with_heads_that_do_not_split_names_the_field(tmp_path):
+    from loader.distributed import simulated_tp
+
+    save_fallback_checkpoint(tmp_path, "granite", num_key_value_heads=1)
+    with simulated_tp(0, 2), pytest.raises(UnsupportedError) as exc:
+        loader.load_model(str(tmp_path))
+    assert _one_line(exc) == "GraniteForCausalLM: num_key_value_heads=1 is not divisible by tensor parallel size 2"
+
+
 class _OtherQuantization(QuantizationConfig):
     name = "gptq"
 

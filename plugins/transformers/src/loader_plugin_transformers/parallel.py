@@ -82,13 +82,23 @@ def _layer(style: str | None, sizes: tuple[int, int, bool], dtype: torch.dtype,
     return ColumnParallelLinear(in_features, out_features, gather_output=True, **common)  # type: ignore[arg-type]
 
 
+def check_head_split(config: object, architecture: str, tp: int) -> None:
+    """Heads must split evenly: transformers' attention infers this rank's head count from its q/k/v rows."""
+    for field in ("num_attention_heads", "num_key_value_heads"):
+        value = getattr(config, field, None)
+        if isinstance(value, int) and value % tp:
+            raise UnsupportedError(
+                f"{architecture}: {field}={value} is not divisible by tensor parallel size {tp}"
+            )
+
+
 def swap_linears(hf_model: nn.Module, *, architecture: str, plan: Mapping[str, str] | None,
                  quant_config: QuantizationConfig | None, dtype: torch.dtype) -> set[str]:
     """Replace the linear layers of ``hf_model`` (except the output head); return the swapped ``Conv1D`` names.
 
     Raises :class:`~loader.errors.UnsupportedError` naming the architecture when
-    tp > 1 and the config declares no plan, or the plan uses a style this
-    fallback does not shard.
+    tp > 1 and the config declares no plan, the heads do not split evenly, or
+    the plan uses a style this fallback does not shard.
     """
     tp = distributed.tp_size()
     if tp == 1 and quant_config is None:
@@ -98,6 +108,8 @@ def swap_linears(hf_model: nn.Module, *, architecture: str, plan: Mapping[str, s
             f"{architecture}: tensor parallel size {tp} needs a base_model_tp_plan in its transformers config, and "
             f"{architecture} declares none; load it with tp=1 or through a native model plugin"
         )
+    if tp > 1:
+        check_head_split(getattr(hf_model, "config", None), architecture, tp)
     conv1d = _conv1d_type()
     kinds = (nn.Linear,) if conv1d is None else (nn.Linear, conv1d)
     get_head = getattr(hf_model, "get_output_embeddings", None)
