@@ -116,3 +116,16 @@ def test_quantization_other_than_bitsandbytes_needs_a_native_class(tmp_path):
         loader.load_model(str(tmp_path), quantization="gptq", host=host)
     assert _one_line(exc) == ("Olmo2ForCausalLM loads through the transformers fallback, which quantizes only "
                               "with bitsandbytes; quantization 'gptq' needs a native model class for Olmo2ForCausalLM")
+
+
+def test_config_without_model_type_uses_the_class_config(tmp_path):
+    import torch
+
+    reference = save_fallback_checkpoint(tmp_path, "stablelm")
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["model_type"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = loader.load_model(str(tmp_path), dtype="float32")
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), reference(input_ids=ids).logits, atol=1e-5, rtol=0)

@@ -41,3 +41,17 @@ def test_unknown_model_impl_is_refused_by_name(tmp_path):
     with pytest.raises(UnsupportedError, match=r"^model_impl 'vllm' is not supported; use one of auto, native, "
                                                r"transformers$"):
         loader.load_model(str(tmp_path), model_impl="vllm")
+
+
+def test_a_gguf_file_forced_to_the_fallback_equals_the_native_class(tmp_path):
+    """Any format that yields Hugging Face names feeds the fallback: GGUF names are mapped by the gguf plugin."""
+    pytest.importorskip("loader_plugin_gguf")
+    from tests.helpers.gguf_files import write_gguf
+    from tests.helpers.hf_checkpoints import build_model, tiny_config
+
+    path = write_gguf(tmp_path / "llama.gguf", build_model("llama", tiny_config("llama", vocab_size=320)), "llama")
+    native = loader.load_model(str(path), dtype="float32")
+    forced, report = loader.load_model_with_report(str(path), dtype="float32", model_impl="transformers")
+    assert (report.load_format, report.model_impl) == ("gguf", "transformers")
+    with torch.no_grad():
+        torch.testing.assert_close(forced(IDS), native(IDS), atol=1e-5, rtol=0)

@@ -68,6 +68,12 @@ def hf_model_spec(hf_config: Mapping[str, Any]) -> HFModelSpec:
             f"architecture {arch!r} (model_type {model_type!r}) is not registered by any installed plugin, and "
             f"transformers {_transformers_version()} has no causal-LM class for it"
         )
+    model_class = getattr(transformers, class_name, None)
+    if not isinstance(model_class, type):
+        raise UnknownArchitectureError(f"transformers {_transformers_version()} maps {model_type!r} to "
+                                       f"{class_name}, which it does not export")
+    if not isinstance(model_type, str):  # a config written without one: the class's own config type
+        model_type = getattr(getattr(model_class, "config_class", None), "model_type", None)
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         raise ConfigError(f"config.json model_type {model_type!r}: transformers {_transformers_version()} has no "
                           f"config class for it (needed to build {class_name})")
@@ -75,8 +81,4 @@ def hf_model_spec(hf_config: Mapping[str, Any]) -> HFModelSpec:
         config = CONFIG_MAPPING[model_type].from_dict(dict(hf_config))
     except (TypeError, ValueError, KeyError) as exc:
         raise ConfigError(f"config.json cannot be read as a transformers {model_type} config: {exc}") from exc
-    model_class = getattr(transformers, class_name, None)
-    if not isinstance(model_class, type):
-        raise UnknownArchitectureError(f"transformers {_transformers_version()} maps {model_type!r} to "
-                                       f"{class_name}, which it does not export")
     return HFModelSpec(architecture=class_name, model_class=model_class, config=config)
