@@ -56,6 +56,7 @@ def measure(folder: Path, reps: int, out_dir: Path) -> dict[str, dict[str, Any]]
             "label": PATHS[name].label,
             "seconds": [r["load_seconds"] for r in good],
             "peak_rss": [r["peak_rss_bytes"] for r in good],
+            "growth": [r["peak_rss_bytes"] - r["baseline_rss_bytes"] for r in good],
             "errors": [r.get("error") for r in runs if not r.get("ok")],
         }
     return summary
@@ -69,25 +70,33 @@ def render(summary: dict[str, dict[str, Any]], meta: dict[str, str]) -> str:
              f"- Environment: {meta['environment']}", f"- Command: `{meta['command']}`", "",
              f"`{meta['checkpoint']}`, bf16, {meta['reps']} repetitions per path, each in a fresh process "
              "(warm page cache, order alternating, clock until every parameter page is touched).", "",
-             "| path | median s | min-max s | peak RSS (median) | status |", "|---|---:|---:|---:|---|"]
+             "| path | median s | min-max s | peak RSS | RSS after import | peak - after import | status |",
+             "|---|---:|---:|---:|---:|---:|---|"]
     for entry in (fallback, peer):
         secs, rss = entry["seconds"], entry["peak_rss"]
         status = "ok" if not entry["errors"] else f"{len(entry['errors'])} failed: {entry['errors'][0]}"
         span = f"{min(secs):.3f}-{max(secs):.3f}" if secs else "—"
         med = _median(secs)
         peak = _median([float(v) for v in rss])
-        lines.append(f"| {entry['label']} | {med:.3f} | {span} | "
-                     f"{peak / 2**30:.2f} GiB | {status} |" if med is not None and peak is not None
-                     else f"| {entry['label']} | — | — | — | {status} |")
+        growth = _median([float(v) for v in entry["growth"]])
+        if med is None or peak is None or growth is None:
+            lines.append(f"| {entry['label']} | — | — | — | — | — | {status} |")
+            continue
+        lines.append(f"| {entry['label']} | {med:.3f} | {span} | {peak / 2**20:,.0f} MiB | "
+                     f"{(peak - growth) / 2**20:,.0f} MiB | {growth / 2**20:,.0f} MiB | {status} |")
     f_s, p_s = _median(fallback["seconds"]), _median(peer["seconds"])
     f_r, p_r = _median([float(v) for v in fallback["peak_rss"]]), _median([float(v) for v in peer["peak_rss"]])
-    if None not in (f_s, p_s, f_r, p_r):
+    f_g, p_g = _median([float(v) for v in fallback["growth"]]), _median([float(v) for v in peer["growth"]])
+    if None not in (f_s, p_s, f_r, p_r, f_g, p_g):
         assert f_s is not None and p_s is not None and f_r is not None and p_r is not None
+        assert f_g is not None and p_g is not None
         lines += ["", "| criterion | measured | result |", "|---|---|---|",
                   f"| fallback faster than from_pretrained | {f_s:.3f} s vs {p_s:.3f} s ({p_s / f_s:.2f}x) | "
                   f"{'pass' if f_s < p_s else '**fail**'} |",
-                  f"| fallback peak RSS no higher | {f_r / 2**30:.2f} GiB vs {p_r / 2**30:.2f} GiB | "
-                  f"{'pass' if f_r <= p_r else '**fail**'} |"]
+                  f"| fallback peak RSS no higher | {f_r / 2**20:,.0f} MiB vs {p_r / 2**20:,.0f} MiB | "
+                  f"{'pass' if f_r <= p_r else '**fail**'} |",
+                  f"| fallback's load adds no more memory (peak - RSS after import) | {f_g / 2**20:,.0f} MiB vs "
+                  f"{p_g / 2**20:,.0f} MiB | {'pass' if f_g <= p_g else '**fail**'} |"]
     return "\n".join(lines) + "\n"
 
 

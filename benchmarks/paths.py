@@ -89,10 +89,12 @@ def loader_copying(source: Path, state: Any) -> dict[str, Any]:
 
 
 def _setup_loader_fallback(source: Path) -> None:
-    """As ``_setup_loader``, with the transformers fallback's class and the modeling module it builds."""
-    _setup_loader(source)
+    """As ``_setup_loader``, but the class imported is the fallback's (and the modeling module it builds),
+    not the native Llama class, which a program loading through the fallback never imports."""
+    import torch  # noqa: F401
     from transformers.models.llama import modeling_llama  # noqa: F401
 
+    from loader.pipeline import load  # noqa: F401
     from loader.registry import get_registry
 
     registry = get_registry()

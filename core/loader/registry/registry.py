@@ -28,7 +28,7 @@ from ..options import check_model_impl
 from .cache import ProbeCache
 from .capabilities import ModelInfo
 from .entry import RegisteredModel, check_class_path
-from .fingerprint import cache_key, source_fingerprint
+from .fingerprint import cache_key, requirements_fingerprint, source_fingerprint
 from .probe import ProbeOutcome, probe_in_child, probe_in_process, wants_in_process_probe
 
 if TYPE_CHECKING:
@@ -62,6 +62,7 @@ class ModelRegistry:
     cache: ProbeCache = attrs.field(factory=ProbeCache)
     _entries: dict[str, RegisteredModel] = attrs.field(factory=dict, init=False)
     _fallback: RegisteredModel | None = attrs.field(default=None, init=False)
+    _fallback_distribution: str | None = attrs.field(default=None, init=False)
     _classes: dict[str, type] = attrs.field(factory=dict, init=False)
     _infos: dict[str, ModelInfo] = attrs.field(factory=dict, init=False)
     _lock: threading.RLock = attrs.field(factory=threading.RLock, init=False, repr=False)
@@ -70,9 +71,14 @@ class ModelRegistry:
     def from_host(cls, host: PluginHost | None = None, *, cache: ProbeCache | None = None) -> ModelRegistry:
         """Ask every plugin of ``host`` (default: the process-wide host) to register its architectures."""
         from ..hooks import register_architectures
+        from ..plugins import get_plugin_host
 
+        host = host if host is not None else get_plugin_host()
         registry = cls() if cache is None else cls(cache=cache)
         register_architectures(registry.callback_for, host)
+        if registry._fallback is not None:  # its probed info is cached under its requirements' versions too
+            record = host.records.get(registry._fallback.plugin)
+            registry._fallback_distribution = record.distribution if record is not None else None
         return registry
 
     # --- registration -----------------------------------------------------------------
@@ -253,14 +259,15 @@ class ModelRegistry:
         sources: dict[str, str | None] = {}
         missing: list[tuple[RegisteredModel, str | None]] = []
         for entry in entries:
-            if entry.fallback:
-                # What a fallback covers depends on the library it wraps (its version is not in the key).
-                missing.append((entry, None))
-                continue
             package = entry.top_level_package
             if package not in sources:
                 sources[package] = source_fingerprint(package)
             fingerprint = sources[package]
+            if entry.fallback and fingerprint is not None:
+                # What a fallback covers follows the library it wraps: key on its version too (no key: no cache).
+                wrapped = self._fallback_distribution
+                versions = requirements_fingerprint(wrapped) if wrapped else None
+                fingerprint = None if versions is None else fingerprint + versions
             key = None if fingerprint is None else cache_key(entry, fingerprint)
             cached = None if key is None else self.cache.load(entry, key)
             if cached is None:

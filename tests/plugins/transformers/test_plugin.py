@@ -28,3 +28,14 @@ def test_entry_point_imports_neither_torch_nor_transformers():
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_what_the_fallback_covers_is_probed_once_then_cached(tmp_path, monkeypatch, children):
+    monkeypatch.setenv("LOADER_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("LOADER_PROBE_IN_PROCESS", raising=False)
+    host = create_plugin_host()
+    first = ModelRegistry.from_host(host).model_info("TransformersForCausalLM")
+    assert "GPT2LMHeadModel" in first.fallback_for
+    assert len(children) == 1
+    again = ModelRegistry.from_host(host).model_info("TransformersForCausalLM")
+    assert again == first and len(children) == 1  # from disk: keyed by transformers' version too

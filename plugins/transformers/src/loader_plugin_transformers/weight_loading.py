@@ -73,10 +73,8 @@ def load_hf_weights(hf_model: nn.Module, weights: Iterable[tuple[str, Checkpoint
             loaded = TransposedTensor(tensor) if leaf == "weight" and module in transposed else tensor
             weight_loader_of(param)(param, loaded)
             filled.add(target)
-        elif target in buffers:
-            buffer = buffers[target]
-            tensor.read_into(buffer)
-            buffer._is_hf_initialized = True  # type: ignore[attr-defined]
+        elif target in buffers:  # a persistent buffer the checkpoint holds wins over the computed one
+            tensor.read_into(buffers[target])
         elif ignored.search(name):
             continue
         else:
