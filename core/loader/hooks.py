@@ -156,7 +156,8 @@ def register_architectures(register: Callable[[str], RegisterArchitecture], host
                 f"register({architecture!r}, {class_path!r}) was called after loader_register_architectures "
                 "returned; call it while the hook runs"
             )
-        register(plugin)(architecture, class_path, fallback=fallback)
+        # ``fallback`` only when set, so a callback written before fallbacks existed keeps working
+        register(plugin)(architecture, class_path, **({"fallback": True} if fallback else {}))
 
     _host(host).pm.hook.loader_register_architectures(register=register_for_caller)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from safetensors.torch import load_file, save_file
@@ -46,10 +47,18 @@ def test_architecture_neither_native_nor_known_to_transformers(tmp_path):
     _edit_config(tmp_path, architectures=["NoSuchForCausalLM"], model_type="nosuch")
     with pytest.raises(UnknownArchitectureError) as exc:
         loader.load_model(str(tmp_path))
-    assert _one_line(exc).startswith(
-        "architecture 'NoSuchForCausalLM' (model_type 'nosuch') is not registered by any installed plugin, and "
-        "transformers 5.")
-    assert _one_line(exc).endswith("has no causal-LM class for it")
+    assert re.fullmatch(r"architecture 'NoSuchForCausalLM' is not registered by any installed plugin, and "
+                        r"transformers 5\.\S+ has no causal-LM class of that name \(model_type 'nosuch'\)",
+                        _one_line(exc))
+
+
+def test_an_unknown_architecture_is_not_guessed_from_model_type(tmp_path):
+    save_fallback_checkpoint(tmp_path, "gpt2")
+    _edit_config(tmp_path, architectures=["GPT2ForTokenClassification"])
+    with pytest.raises(UnknownArchitectureError) as exc:
+        loader.load_model(str(tmp_path))
+    assert _one_line(exc).endswith("has no causal-LM class of that name (its model_type 'gpt2' has "
+                                   "GPT2LMHeadModel: list that in architectures to load it as one)")
 
 
 def test_missing_tensor_is_named(tmp_path):

@@ -2,9 +2,11 @@
 
 Read from transformers' auto mappings (``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``,
 model type -> class name, and ``CONFIG_MAPPING``), so the answer follows the
-installed transformers version. The config's own ``architectures`` name wins
-when transformers has a causal-LM class of that name; otherwise its
-``model_type`` picks the class, as ``AutoModelForCausalLM`` would.
+installed transformers version. The config's ``architectures`` name must be a
+causal-LM class transformers has: a name it does not know is refused rather
+than guessed from ``model_type`` (a ``...ForSequenceClassification`` or a
+misspelt name would otherwise load as something else); ``model_type`` picks
+the config class, or the class's own config type when it is missing.
 """
 
 from __future__ import annotations
@@ -58,16 +60,15 @@ def hf_model_spec(hf_config: Mapping[str, Any]) -> HFModelSpec:
     arch = str(archs[0]) if isinstance(archs, list) and archs else "(none listed)"
     model_type = hf_config.get("model_type")
     classes = causal_lm_class_names()
-    covered = set(classes.values())
-    if arch in covered:
-        class_name = arch
-    elif isinstance(model_type, str) and model_type in classes:
-        class_name = classes[model_type]
-    else:
+    if arch not in set(classes.values()):
+        known_type = classes.get(model_type) if isinstance(model_type, str) else None
+        hint = (f" (its model_type {model_type!r} has {known_type}: list that in architectures to load it as one)"
+                if known_type else f" (model_type {model_type!r})")
         raise UnknownArchitectureError(
-            f"architecture {arch!r} (model_type {model_type!r}) is not registered by any installed plugin, and "
-            f"transformers {_transformers_version()} has no causal-LM class for it"
+            f"architecture {arch!r} is not registered by any installed plugin, and transformers "
+            f"{_transformers_version()} has no causal-LM class of that name{hint}"
         )
+    class_name = arch
     model_class = getattr(transformers, class_name, None)
     if not isinstance(model_class, type):
         raise UnknownArchitectureError(f"transformers {_transformers_version()} maps {model_type!r} to "
