@@ -69,3 +69,12 @@ def test_unknown_model_impl_is_one_line(gpt2):
     result = run_cli("load", str(gpt2), "--model-impl", "vllm")
     assert result.returncode == 2
     assert result.stderr == "error: model_impl 'vllm' is not supported; use one of auto, native, transformers\n"
+
+
+def test_listing_what_the_fallback_covers_imports_neither_torch_nor_transformers_here():
+    code = ("import sys; from loader.registry import get_registry; "
+            "info = get_registry().model_info('TransformersForCausalLM'); "
+            "print(len(info.fallback_for) > 100, sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ),
+                         timeout=300, check=True).stdout
+    assert out.strip() == "True []"
