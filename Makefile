@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PIP_INSTALL := $(PIP) install -q --disable-pip-version-check -c constraints.txt
-PLUGINS := safetensors llama mistral qwen gguf bnb marlin runai
+PLUGINS := safetensors llama mistral qwen gguf bnb marlin runai transformers
 EDITABLES := -e . $(foreach p,$(PLUGINS),-e plugins/$(p))
 STAMP := $(VENV)/.installed
 

@@ -60,10 +60,11 @@ def _setup_loader(source: Path) -> None:
         get_registry().resolve(json.loads(config.read_text()).get("architectures", []))
 
 
-def _run_loader(source: Path, state: Any, load_format: str = "auto") -> dict[str, Any]:
+def _run_loader(source: Path, state: Any, load_format: str = "auto", model_impl: str = "auto") -> dict[str, Any]:
     from loader import load_model_with_report
 
-    model, report = load_model_with_report(str(source), dtype="bfloat16", load_format=load_format)
+    model, report = load_model_with_report(str(source), dtype="bfloat16", load_format=load_format,
+                                           model_impl=model_impl)
     pages = touch_pages(model)
     return {"pages_touched": pages, "bytes_read": report.bytes_read,
             "checkpoint_bytes": report.checkpoint_bytes, "parameter_bytes": report.parameter_bytes,
@@ -85,6 +86,27 @@ def _setup_loader_copying(source: Path) -> None:
 def loader_copying(source: Path, state: Any) -> dict[str, Any]:
     """(a') the same with ``LOADER_MAP_WEIGHTS=0``: every byte copied into fresh memory, none mapped."""
     return _run_loader(source, state)
+
+
+def _setup_loader_fallback(source: Path) -> None:
+    """As ``_setup_loader``, but the class imported is the fallback's (and the modeling module it builds),
+    not the native Llama class, which a program loading through the fallback never imports."""
+    import torch  # noqa: F401
+    from transformers.models.llama import modeling_llama  # noqa: F401
+
+    from loader._pipeline import load  # noqa: F401
+    from loader._registry import get_registry
+
+    registry = get_registry()
+    fallback = registry.fallback
+    if fallback is None:
+        raise RuntimeError("loader-plugin-transformers is not installed: no fallback is registered")
+    registry.load_class(fallback.architecture)
+
+
+def loader_fallback(source: Path, state: Any) -> dict[str, Any]:
+    """(a'') ``loader.load_model_with_report(path, dtype="bfloat16", model_impl="transformers")``, pages touched."""
+    return _run_loader(source, state, model_impl="transformers")
 
 
 # --- transformers.from_pretrained -------------------------------------------------------
@@ -238,6 +260,8 @@ PATHS: dict[str, MeasuredPath] = {
         MeasuredPath("loader", "loader.load_model", _setup_loader, loader_load_model, loader_load_model),
         MeasuredPath("loader_copy", "loader.load_model, LOADER_MAP_WEIGHTS=0 (copying)", _setup_loader_copying,
                      loader_copying, loader_copying),
+        MeasuredPath("loader_fallback", "loader.load_model, model_impl='transformers' (fallback)",
+                     _setup_loader_fallback, loader_fallback, loader_fallback),
         MeasuredPath("transformers", "transformers.from_pretrained", _setup_transformers,
                      transformers_from_pretrained, transformers_from_pretrained),
         MeasuredPath("vllm_loop", "vLLM-style loop (meta + safe_open + copy_)", _setup_vllm_loop,

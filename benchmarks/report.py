@@ -13,7 +13,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["PathSummary", "acceptance_checks", "carried_notes", "render_markdown", "summarize"]
+__all__ = ["PathSummary", "acceptance_checks", "carried_block", "carried_notes", "render_markdown", "replace_block",
+           "summarize"]
 
 _NOTES = re.compile(r"<!-- notes -->\n(.*?)<!-- /notes -->", re.S)
 _DEFAULT_NOTE = ("_Closing note (by hand, kept across reruns): what limits the remaining gap between "
@@ -193,7 +194,28 @@ def carried_notes(existing: str | None) -> str:
     return match.group(1) if match else _DEFAULT_NOTE
 
 
-def render_markdown(results: dict[str, Any], notes: str) -> str:
+def _block(tag: str) -> re.Pattern[str]:
+    return re.compile(rf"<!-- {tag} -->\n(.*?)<!-- /{tag} -->\n?", re.S)
+
+
+def carried_block(existing: str | None, tag: str) -> str | None:
+    """The section another benchmark wrote between ``<!-- tag -->`` markers (``bench_fallback.py``), if any."""
+    match = _block(tag).search(existing or "")
+    return match.group(1) if match else None
+
+
+def replace_block(existing: str, tag: str, body: str) -> str:
+    """``existing`` with its ``tag`` section replaced by ``body`` (added before the closing note if absent)."""
+    block = f"<!-- {tag} -->\n{body.rstrip()}\n<!-- /{tag} -->\n"
+    if _block(tag).search(existing):
+        return _block(tag).sub(lambda _: block, existing, count=1)
+    marker = "## Closing note"
+    if marker in existing:
+        return existing.replace(marker, block + "\n" + marker, 1)
+    return existing + ("\n" if existing else "") + block
+
+
+def render_markdown(results: dict[str, Any], notes: str, extra_blocks: dict[str, str] | None = None) -> str:
     """The whole ``RESULTS.md`` page."""
     meta = results["meta"]
     out = ["# Load benchmarks", "",
@@ -241,5 +263,7 @@ def render_markdown(results: dict[str, Any], notes: str) -> str:
     out += _read_paths_section(results.get("read_paths"))
     if results.get("plot"):
         out += ["", f"![seconds per path]({results['plot']})"]
+    for tag, body in (extra_blocks or {}).items():
+        out += ["", f"<!-- {tag} -->", body.rstrip("\n"), f"<!-- /{tag} -->"]
     out += ["", "## Closing note", "", "<!-- notes -->", notes.rstrip("\n") + "\n" + "<!-- /notes -->", ""]
     return "\n".join(out)

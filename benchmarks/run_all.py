@@ -41,7 +41,7 @@ from benchmarks.host_memory import warm_host_memory
 from benchmarks.machine import describe_environment, describe_machine, describe_software
 from benchmarks.paths import PATHS, MeasuredPath, PathSkipped
 from benchmarks.plot import MATPLOTLIB_HINT, have_matplotlib, plot_seconds
-from benchmarks.report import carried_notes, render_markdown, summarize
+from benchmarks.report import carried_block, carried_notes, render_markdown, summarize
 from benchmarks.runner import REPO_ROOT, child_env, run_path
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -223,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         plot_seconds(results["sizes"], plot_file)
         results["plot"] = plot_file.name
     existing = args.results.read_text() if args.results.is_file() else None
-    args.results.write_text(render_markdown(results, carried_notes(existing)))
+    fallback = carried_block(existing, "fallback")  # written by bench_fallback.py; kept as it is
+    args.results.write_text(render_markdown(results, carried_notes(existing),
+                                            {"fallback": fallback} if fallback else None))
     (args.out_dir / "last-run.json").write_text(json.dumps(_raw(results), indent=2, default=str) + "\n")
     _log(f"wrote {args.results}" + (f" and {plot_file}" if results["plot"] else ""))
     failed = [s.name for size in results["sizes"] for s in size["summaries"].values() if s.status == "failed"]

@@ -150,14 +150,15 @@ def register_architectures(register: Callable[[str], RegisterArchitecture], host
     is always credited to the plugin that made it.
     """
 
-    def register_for_caller(architecture: str, class_path: str) -> None:
+    def register_for_caller(architecture: str, class_path: str, *, fallback: bool = False) -> None:
         plugin = calling_plugin()
         if plugin is None:
             raise PluginError(
                 f"register({architecture!r}, {class_path!r}) was called after loader_register_architectures "
                 "returned; call it while the hook runs"
             )
-        register(plugin)(architecture, class_path)
+        # ``fallback`` only when set, so a callback written before fallbacks existed keeps working
+        register(plugin)(architecture, class_path, **({"fallback": True} if fallback else {}))
 
     _host(host).pm.hook.loader_register_architectures(register=register_for_caller)
 

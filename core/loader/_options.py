@@ -11,9 +11,19 @@ from .errors import UnsupportedError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DTYPES", "LoadOptions", "parse_dtype"]
+__all__ = ["DTYPES", "MODEL_IMPLS", "LoadOptions", "check_model_impl", "parse_dtype"]
 
 DTYPES = ("float32", "float16", "bfloat16")
+MODEL_IMPLS = ("auto", "native", "transformers")
+"""``model_impl`` values, as vLLM's ``--model-impl``: ``auto`` prefers a native class and falls back,
+``native`` never falls back, ``transformers`` always uses the fallback."""
+
+
+def check_model_impl(value: Any) -> str:
+    """Return ``value`` if it is one of :data:`MODEL_IMPLS`, else raise naming it."""
+    if isinstance(value, str) and value in MODEL_IMPLS:
+        return value
+    raise UnsupportedError(f"model_impl {value!r} is not supported; use one of {', '.join(MODEL_IMPLS)}")
 
 
 def parse_dtype(value: Any) -> torch.dtype:
@@ -51,4 +61,5 @@ class LoadOptions:
     load_format: str = "auto"
     quantization: str | None = None
     revision: str | None = None
+    model_impl: str = "auto"
     extra: dict[str, Any] = attrs.field(factory=dict, eq=False, hash=False)

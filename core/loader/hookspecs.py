@@ -14,8 +14,8 @@ failure names the plugin and the hook.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pluggy
 
@@ -47,8 +47,12 @@ PROJECT_NAME = "loader"
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
-RegisterArchitecture = Callable[[str, str], None]
-"""``register(architecture, "package.module:Class")``: the callback plugins get."""
+
+
+class RegisterArchitecture(Protocol):
+    """``register(architecture, "package.module:Class", *, fallback=False)``: the callback plugins get."""
+
+    def __call__(self, architecture: str, class_path: str, *, fallback: bool = False) -> None: ...
 
 
 # --- source resolution -------------------------------------------------------
@@ -154,6 +158,14 @@ def loader_register_architectures(register: RegisterArchitecture) -> None:
     "loader_plugin_llama.model:LlamaForCausalLM")``; the string form is lazy:
     nothing is imported until the class is used, and capabilities are probed in
     a child process. A name registered twice is an error naming both plugins.
+
+    ``register("TransformersForCausalLM", "...:Class", fallback=True)`` registers
+    a *fallback*: the registry hands it the architectures no plugin registers
+    (native classes always win) and every load asked for with
+    ``model_impl="transformers"``. Its class reads the architecture from
+    ``ctx.hf_config["architectures"]`` and raises
+    :class:`~loader.errors.UnknownArchitectureError` for one it cannot build.
+    At most one fallback may be installed.
 
     :param register: the registration callback.
     """

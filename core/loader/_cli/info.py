@@ -34,7 +34,7 @@ def run_models(args: argparse.Namespace) -> int:
     for entry in entries:
         info = infos[entry.architecture]
         row: dict[str, object] = {"architecture": entry.architecture, "plugin": entry.plugin,
-                                  "class_path": entry.class_path}
+                                  "class_path": entry.class_path, "fallback": entry.fallback}
         if isinstance(info, Exception):
             row["error"] = str(info)
         else:
@@ -49,4 +49,9 @@ def run_models(args: argparse.Namespace) -> int:
           r.get("supports_tensor_parallel"), r.get("supports_pipeline_parallel"),
           r.get("supports_quantization"), r.get("tied_embeddings_supported")] for r in rows],
     )
+    for r in rows:
+        covered = r.get("fallback_for")
+        if r["fallback"] and isinstance(covered, list):
+            print(f"\n{r['architecture']} (plugin {r['plugin']}) is the fallback for architectures no plugin "
+                  f"registers; it covers {len(covered)}: {', '.join(covered)}")
     return 0

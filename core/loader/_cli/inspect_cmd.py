@@ -16,23 +16,29 @@ from .output import format_bytes, print_json, print_table
 __all__ = ["inspect_source", "run_inspect"]
 
 
-def inspect_source(location: str, load_format: str = "auto", revision: str | None = None) -> dict[str, Any]:
+def inspect_source(location: str, load_format: str = "auto", revision: str | None = None,
+                   model_impl: str = "auto") -> dict[str, Any]:
     """The facts ``loader inspect`` prints, as a JSON-friendly dict."""
     import torch
 
     from .. import _hooks
-    from .._options import LoadOptions
+    from .._options import LoadOptions, check_model_impl
     from .._pipeline.prepare import prepare_checkpoint
     from .._registry import get_registry
+    from ..errors import UnknownArchitectureError
     from ..weights import ReadStats
 
+    check_model_impl(model_impl)
     # headers_only: a streaming format (s3://) may list tensors from headers instead of fetching them
     options = LoadOptions(dtype=torch.float32, device=torch.device("cpu"), load_format=load_format,
                           revision=revision, extra={"headers_only": True})
     prepared = prepare_checkpoint(location, options)
     archs = prepared.architectures
     registry = get_registry()
-    known = [a for a in archs if a in registry.architectures()]
+    try:
+        choice = registry.choose(archs, model_impl)
+    except UnknownArchitectureError:
+        choice = None
     declared = prepared.hf_config.get("quantization_config")
     quant = dict(declared) if isinstance(declared, dict) else None
     stats = ReadStats()
@@ -53,8 +59,10 @@ def inspect_source(location: str, load_format: str = "auto", revision: str | Non
         "source": prepared.source.display(),
         "format": prepared.weight_format.name,
         "architectures": archs,
-        "architecture": known[0] if known else None,
-        "plugin": registry.entry(known[0]).plugin if known else None,
+        "architecture": choice.architecture if choice else None,
+        "plugin": choice.entry.plugin if choice else None,
+        "model_impl": choice.model_impl if choice else None,
+        "fallback_reason": choice.fallback_reason if choice else None,
         "quantization": quant,
         "files": list(prepared.weight_format.files),
         "tensors": tensors,
@@ -64,7 +72,7 @@ def inspect_source(location: str, load_format: str = "auto", revision: str | Non
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    info = inspect_source(args.source, args.format, args.revision)
+    info = inspect_source(args.source, args.format, args.revision, args.model_impl)
     if args.json:
         print_json(info)
         return 0
@@ -72,6 +80,8 @@ def run_inspect(args: argparse.Namespace) -> int:
     print(f"format        {info['format']}")
     arch = info["architecture"] or f"none installed for {', '.join(info['architectures'])}"
     print(f"architecture  {arch}" + (f"  (plugin {info['plugin']})" if info["plugin"] else ""))
+    if info["fallback_reason"]:
+        print(f"model impl    {info['model_impl']} fallback ({info['fallback_reason']})")
     print(f"quantization  {info['quantization'].get('quant_method') if info['quantization'] else 'none'}")
     print(f"files         {len(info['files'])}")
     print(f"tensors       {info['tensors']}  ({format_bytes(info['bytes'])})")

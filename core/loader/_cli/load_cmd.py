@@ -28,7 +28,7 @@ def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
     return load_model_with_report(
         args.source, dtype=args.dtype, device=args.device, load_format=args.format,
-        quantization=args.quantization, revision=args.revision,
+        quantization=args.quantization, revision=args.revision, model_impl=args.model_impl,
         format_options=parse_format_options(args.format_options),
         progress=sys.stderr.isatty() and not args.json,
     )
@@ -40,6 +40,8 @@ def run_load(args: argparse.Namespace) -> int:
         print_json(report.to_json())
         return 0
     print(f"loaded {report.architecture} from {report.source} ({report.load_format}, {len(report.files)} files)")
+    if report.fallback_reason:
+        print(f"  model impl     {report.model_impl} fallback ({report.fallback_reason})")
     print(f"  tensors        {report.tensors}")
     print(f"  parameters     {format_bytes(report.parameter_bytes)} as {report.dtype} on {report.device}")
     if report.quantization:

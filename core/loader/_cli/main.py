@@ -44,6 +44,8 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit)")
     p.add_argument("--format-option", dest="format_options", action="append", default=[], metavar="KEY=VALUE",
                    help="an option for the format plugin (repeatable), e.g. concurrency=16 for runai_streamer")
+    p.add_argument("--model-impl", default="auto", dest="model_impl",
+                   help="auto (default: a native class, else the transformers fallback), native, or transformers")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -60,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source")
     p.add_argument("--format", default="auto")
     p.add_argument("--revision", default=None)
+    p.add_argument("--model-impl", default="auto", dest="model_impl", help="auto (default), native or transformers")
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("load", help="load a checkpoint, verify it and report speed and memory")
     _add_load_args(p)

@@ -14,13 +14,14 @@ error propagates.
 from __future__ import annotations
 
 import gc
+import logging
 import resource
 import sys
 import time
 import traceback
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -29,7 +30,7 @@ from torch import nn
 from .. import _distributed, _hooks
 from .._context import ModelContext
 from .._mapped_parameters import background_population
-from .._options import LoadOptions, parse_dtype
+from .._options import LoadOptions, check_model_impl, parse_dtype
 from .._plugins import PluginHost
 from .._session import LoadSession, current_session, load_session
 from ..errors import ConfigError, LoadError, PluginError, UnsupportedError
@@ -41,7 +42,12 @@ from .materialize import materialize, parameter_bytes
 from .prepare import PreparedCheckpoint, prepare_checkpoint
 from .verify import check_all_filled, reject_duplicates
 
+if TYPE_CHECKING:
+    from .._registry.registry import ModelChoice
+
 __all__ = ["LoadReport", "build_options", "load_model", "load_model_with_report"]
+
+log = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -65,6 +71,10 @@ class LoadReport:
     parameter_bytes: int
     peak_rss_bytes: int
     tensors: int
+    model_impl: str = "native"
+    """``"native"`` (a plugin's own class) or ``"transformers"`` (the fallback)."""
+    fallback_reason: str | None = None
+    """Why the fallback built the model (``None`` for a native class)."""
 
     @property
     def gb_per_second(self) -> float:
@@ -141,8 +151,10 @@ def build_options(
     *, dtype: Any = "bfloat16", device: str | torch.device = "cpu", load_format: str = "auto",
     quantization: str | None = None, revision: str | None = None,
     quantization_options: Mapping[str, Any] | None = None, format_options: Mapping[str, Any] | None = None,
+    model_impl: str = "auto",
 ) -> LoadOptions:
     """Validate user arguments into :class:`LoadOptions` (dtype ``"auto"`` is resolved later)."""
+    model_impl = check_model_impl(model_impl)
     if not isinstance(load_format, str) or not load_format:
         raise UnsupportedError(f"load_format must be a format name or 'auto', found {load_format!r}")
     try:
@@ -159,7 +171,7 @@ def build_options(
         extra["format_options"] = dict(format_options)
     return LoadOptions(
         dtype=parsed, device=resolved_device, load_format=load_format, quantization=quantization,
-        revision=revision, extra=extra,
+        revision=revision, model_impl=model_impl, extra=extra,
     )
 
 
@@ -183,10 +195,16 @@ def _with_progress(
 
 
 def _build(prepared: PreparedCheckpoint, options: LoadOptions, dtype: torch.dtype,
-           host: PluginHost | None) -> tuple[str, nn.Module, Any]:
+           host: PluginHost | None) -> tuple[ModelChoice, nn.Module, Any]:
     from .._registry import get_registry
 
-    arch, cls = get_registry(host).resolve(prepared.architectures)
+    registry = get_registry(host)
+    choice = registry.choose(prepared.architectures, options.model_impl)
+    arch, cls = choice.architecture, registry.load_class(choice.entry.architecture)
+    if choice.fallback_reason is not None:
+        log.warning("%s: loading %s through the %s fallback (%s); some features may be missing and it may be "
+                    "slower than a native class", prepared.source.display(), arch, choice.entry.architecture,
+                    choice.fallback_reason)
     quant_config = _hooks.detect_quantization(prepared.hf_config, options.quantization, options, host)
     if quant_config is not None:  # before any layer asks it, so its skip list sees fused names too
         from .._registry.capabilities import ModelInfoError, inspect_model_class
@@ -205,7 +223,7 @@ def _build(prepared: PreparedCheckpoint, options: LoadOptions, dtype: torch.dtyp
         raise ConfigError(f"{prepared.source.display()}: {arch} cannot be built from this config: {exc}") from exc
     except Exception as exc:
         raise PluginError(f"model class for {arch} failed while being built: {type(exc).__name__}: {exc}") from exc
-    return arch, model, quant_config
+    return choice, model, quant_config
 
 
 def _guard_quantization_stream(method: str, stream: Iterable[tuple[str, CheckpointTensor]]
@@ -245,13 +263,13 @@ def load_model_with_report(
     source: str, *, dtype: Any = "bfloat16", device: str | torch.device = "cpu", load_format: str = "auto",
     quantization: str | None = None, revision: str | None = None,
     quantization_options: Mapping[str, Any] | None = None, format_options: Mapping[str, Any] | None = None,
-    progress: bool = False, host: PluginHost | None = None,
+    progress: bool = False, host: PluginHost | None = None, model_impl: str = "auto",
 ) -> tuple[nn.Module, LoadReport]:
     """Load ``source`` and return the model with a :class:`LoadReport`."""
     start = time.perf_counter()
     options = build_options(dtype=dtype, device=device, load_format=load_format, quantization=quantization,
                             revision=revision, quantization_options=quantization_options,
-                            format_options=format_options)
+                            format_options=format_options, model_impl=model_impl)
     outer = current_session()  # a simulated rank (save-sharded, tests) carries over
     session = LoadSession(host=host if host is not None else outer.host, tp_rank=outer.tp_rank,
                           tp_size=outer.tp_size, dtype=options.dtype, device=options.device)
@@ -279,7 +297,8 @@ def _build_and_fill(prepared: PreparedCheckpoint, options: LoadOptions, progress
                     host: PluginHost | None) -> tuple[nn.Module, LoadReport]:
     """Steps 2-4 and verification, inside the session that carries the resolved dtype."""
     dtype = options.dtype
-    arch, model, quant_config = _build(prepared, options, dtype, host)
+    choice, model, quant_config = _build(prepared, options, dtype, host)
+    arch = choice.architecture
     check_fits(parameter_bytes(model), options.device, f"{prepared.source.display()} ({arch})")
     materialize(model, options.device)
     stats = ReadStats()
@@ -311,7 +330,8 @@ def _build_and_fill(prepared: PreparedCheckpoint, options: LoadOptions, progress
         seconds=time.perf_counter() - start,
         bytes_read=stats.bytes_read, bytes_mapped=stats.bytes_mapped, checkpoint_bytes=totals[0],
         parameter_bytes=parameter_bytes(model),
-        peak_rss_bytes=_peak_rss_bytes(), tensors=totals[1],
+        peak_rss_bytes=_peak_rss_bytes(), tensors=totals[1], model_impl=choice.model_impl,
+        fallback_reason=choice.fallback_reason,
     )
     return model, report
 
@@ -320,7 +340,7 @@ def load_model(
     source: str, dtype: Any = "bfloat16", device: str | torch.device = "cpu", load_format: str = "auto",
     quantization: str | None = None, *, revision: str | None = None,
     quantization_options: Mapping[str, Any] | None = None, format_options: Mapping[str, Any] | None = None,
-    progress: bool = False, host: PluginHost | None = None,
+    progress: bool = False, host: PluginHost | None = None, model_impl: str = "auto",
 ) -> nn.Module:
     """Load a checkpoint into a ready ``torch.nn.Module``.
 
@@ -336,12 +356,14 @@ def load_model(
         loading (``"bitsandbytes"``), or ``None`` to use what the checkpoint declares.
     :param format_options: options for the format plugin that reads the
         weights (the Run:ai streamer's ``concurrency``, ``memory_limit``, ``chunk_bytesize``).
+    :param model_impl: ``"auto"`` (a plugin's native class, else the installed
+        fallback), ``"native"`` or ``"transformers"`` (force the fallback), as vLLM's ``--model-impl``.
     :returns: the model in eval mode; ``model(input_ids)`` gives logits.
     :raises loader.LoadError: for any problem with the input; nothing half-loaded is returned.
     """
     model, _ = load_model_with_report(
         source, dtype=dtype, device=device, load_format=load_format, quantization=quantization,
         revision=revision, quantization_options=quantization_options, format_options=format_options,
-        progress=progress, host=host,
+        progress=progress, host=host, model_impl=model_impl,
     )
     return model

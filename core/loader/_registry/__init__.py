@@ -6,9 +6,10 @@
 from .cache import ProbeCache
 from .capabilities import ModelInfo, inspect_model_class
 from .entry import RegisteredModel
-from .registry import ModelRegistry, get_registry, model_info
+from .registry import ModelChoice, ModelRegistry, get_registry, model_info
 
 __all__ = [
+    "ModelChoice",
     "ModelInfo",
     "ModelRegistry",
     "ProbeCache",

@@ -64,6 +64,8 @@ class ModelInfo:
     supports_quantization: bool = False
     tied_embeddings_supported: bool = False
     packed_modules_mapping: PackedModules = attrs.field(default=(), converter=_packed_modules)
+    fallback_for: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    """For a fallback class: the architectures it can build (its ``fallback_architectures``), sorted."""
 
     def packed_modules(self) -> dict[str, list[str]]:
         """``packed_modules_mapping`` in the shape model classes declare it."""
@@ -73,6 +75,7 @@ class ModelInfo:
         """A JSON-ready dict; :meth:`from_json` reads it back."""
         data = attrs.asdict(self, recurse=False)
         data["packed_modules_mapping"] = self.packed_modules()
+        data["fallback_for"] = list(self.fallback_for)
         return data
 
     @classmethod
@@ -86,10 +89,14 @@ class ModelInfo:
         if not isinstance(data["architecture"], str):
             raise ModelInfoError(f"architecture: expected a string, found {data['architecture']!r}")
         for name in fields:
-            if name not in ("architecture", "packed_modules_mapping") and not isinstance(data[name], bool):
+            if name not in ("architecture", "packed_modules_mapping", "fallback_for") and not isinstance(
+                    data[name], bool):
                 raise ModelInfoError(f"{name}: expected true or false, found {data[name]!r}")
         if not isinstance(data["packed_modules_mapping"], Mapping):
             raise ModelInfoError("packed_modules_mapping: expected a JSON object")
+        covered = data["fallback_for"]
+        if not isinstance(covered, list) or not all(isinstance(name, str) for name in covered):
+            raise ModelInfoError(f"fallback_for: expected a list of architecture names, found {covered!r}")
         return cls(**data)
 
 
@@ -116,6 +123,12 @@ def inspect_model_class(architecture: str, cls: type) -> ModelInfo:
             f"{cls.__qualname__}.packed_modules_mapping: expected a dict of module name -> list of names, "
             f"found {type(packed).__name__}"
         )
+    covered = getattr(cls, "fallback_architectures", ())
+    if isinstance(covered, str) or not isinstance(covered, Iterable) or not all(
+            isinstance(name, str) for name in covered):
+        raise ModelInfoError(
+            f"{cls.__qualname__}.fallback_architectures: expected architecture names, found {covered!r}"
+        )
     return ModelInfo(
         architecture=architecture,
         is_text_generation_model=_flag(cls, "is_text_generation_model"),
@@ -124,4 +137,5 @@ def inspect_model_class(architecture: str, cls: type) -> ModelInfo:
         supports_quantization=_flag(cls, "supports_quantization"),
         tied_embeddings_supported=_flag(cls, "tied_embeddings_supported"),
         packed_modules_mapping=packed,
+        fallback_for=tuple(sorted(covered)),
     )

@@ -34,11 +34,16 @@ def check_class_path(class_path: object, *, architecture: str, plugin: str) -> s
 
 @attrs.frozen
 class RegisteredModel:
-    """An architecture as one plugin registered it; the class itself is not imported here."""
+    """An architecture as one plugin registered it; the class itself is not imported here.
+
+    ``fallback`` marks the one class the registry hands architectures no plugin
+    registers (and loads asked for with ``model_impl="transformers"``).
+    """
 
     architecture: str
     plugin: str
     class_path: str
+    fallback: bool = False
 
     @property
     def module_name(self) -> str:

@@ -17,13 +17,15 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from .entry import RegisteredModel
 
-__all__ = ["cache_key", "environment_fingerprint", "package_source_files", "source_fingerprint"]
+__all__ = ["cache_key", "environment_fingerprint", "package_source_files", "requirements_fingerprint",
+           "source_fingerprint"]
 
 _SKIP_DIRS = {"__pycache__", ".git", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
 
@@ -79,6 +81,22 @@ def _distribution_version(name: str) -> str:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return "absent"
+
+
+def requirements_fingerprint(distribution: str) -> str | None:
+    """Digest of the installed versions of what ``distribution`` requires, or ``None`` if it is not installed.
+
+    A fallback's answer (which architectures it covers) follows the library it
+    wraps, whose sources are not the plugin's: its version keys the cache too.
+    Read from distribution metadata; nothing is imported.
+    """
+    try:
+        requirements = importlib.metadata.requires(distribution) or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    names = sorted({re.split(r"[\s;<>=!~\[(]", r, maxsplit=1)[0] for r in requirements if "extra ==" not in r})
+    listed = "\n".join(f"{name}=={_distribution_version(name)}" for name in names)
+    return hashlib.sha256(listed.encode()).hexdigest()
 
 
 @functools.cache

@@ -6,6 +6,12 @@ those (rejecting a name registered twice, naming both plugins), imports a class
 only when a load needs it (:meth:`ModelRegistry.resolve`), and answers
 :meth:`ModelRegistry.model_info` from memory, the disk cache, or one probe
 child for everything still unknown, never by importing a model module here.
+
+One registration may be a *fallback* (``register(..., fallback=True)``, the
+transformers plugin's): :meth:`ModelRegistry.choose` hands it the
+architectures no plugin registers, or every architecture when the load asks
+for ``model_impl="transformers"`` (vLLM's ``--model-impl``); native classes
+always win otherwise.
 """
 
 from __future__ import annotations
@@ -18,16 +24,35 @@ from typing import TYPE_CHECKING
 import attrs
 
 from ..errors import PluginError, UnknownArchitectureError
+from ..options import check_model_impl
 from .cache import ProbeCache
 from .capabilities import ModelInfo
 from .entry import RegisteredModel, check_class_path
-from .fingerprint import cache_key, source_fingerprint
+from .fingerprint import cache_key, requirements_fingerprint, source_fingerprint
 from .probe import ProbeOutcome, probe_in_child, probe_in_process, wants_in_process_probe
 
 if TYPE_CHECKING:
     from .._plugins import PluginHost
 
-__all__ = ["ModelRegistry", "get_registry", "model_info"]
+__all__ = ["ModelChoice", "ModelRegistry", "get_registry", "model_info"]
+
+
+@attrs.frozen
+class ModelChoice:
+    """The registration that serves a checkpoint, chosen without importing anything.
+
+    ``architecture`` is the config's architecture being served;
+    ``fallback_reason`` says why the fallback serves it (``None`` for a native class).
+    """
+
+    architecture: str
+    entry: RegisteredModel
+    fallback_reason: str | None = None
+
+    @property
+    def model_impl(self) -> str:
+        """``"transformers"`` when the fallback serves the checkpoint, else ``"native"``."""
+        return "transformers" if self.entry.fallback else "native"
 
 
 @attrs.define
@@ -36,6 +61,8 @@ class ModelRegistry:
 
     cache: ProbeCache = attrs.field(factory=ProbeCache)
     _entries: dict[str, RegisteredModel] = attrs.field(factory=dict, init=False)
+    _fallback: RegisteredModel | None = attrs.field(default=None, init=False)
+    _fallback_distribution: str | None = attrs.field(default=None, init=False)
     _classes: dict[str, type] = attrs.field(factory=dict, init=False)
     _infos: dict[str, ModelInfo] = attrs.field(factory=dict, init=False)
     _lock: threading.RLock = attrs.field(factory=threading.RLock, init=False, repr=False)
@@ -44,30 +71,39 @@ class ModelRegistry:
     def from_host(cls, host: PluginHost | None = None, *, cache: ProbeCache | None = None) -> ModelRegistry:
         """Ask every plugin of ``host`` (default: the process-wide host) to register its architectures."""
         from .._hooks import register_architectures
+        from .._session import current_session
 
+        host = host if host is not None else current_session().plugin_host()
         registry = cls() if cache is None else cls(cache=cache)
         register_architectures(registry.callback_for, host)
+        if registry._fallback is not None:  # its probed info is cached under its requirements' versions too
+            record = host.records.get(registry._fallback.plugin)
+            registry._fallback_distribution = record.distribution if record is not None else None
         return registry
 
     # --- registration -----------------------------------------------------------------
 
-    def callback_for(self, plugin: str) -> Callable[[str, str], None]:
+    def callback_for(self, plugin: str) -> Callable[..., None]:
         """The ``register`` callback handed to ``plugin``'s hook implementation."""
 
-        def register(architecture: str, class_path: str) -> None:
-            self.register(architecture, class_path, plugin=plugin)
+        def register(architecture: str, class_path: str, *, fallback: bool = False) -> None:
+            self.register(architecture, class_path, plugin=plugin, fallback=fallback)
 
         return register
 
-    def register(self, architecture: str, class_path: str, *, plugin: str) -> RegisteredModel:
-        """Add one architecture; a name already taken is a :class:`PluginError` naming both plugins."""
+    def register(self, architecture: str, class_path: str, *, plugin: str,
+                 fallback: bool = False) -> RegisteredModel:
+        """Add one architecture; a name already taken, or a second fallback, is a :class:`PluginError`."""
         if not isinstance(architecture, str) or not architecture.strip():
             raise PluginError(
                 f"plugin {plugin!r} registered architecture {architecture!r}; expected a non-empty name "
                 "such as 'LlamaForCausalLM'"
             )
         check_class_path(class_path, architecture=architecture, plugin=plugin)
-        entry = RegisteredModel(architecture=architecture, plugin=plugin, class_path=class_path)
+        if not isinstance(fallback, bool):
+            raise PluginError(f"plugin {plugin!r} registered {architecture!r} with fallback={fallback!r}; "
+                              "expected True or False")
+        entry = RegisteredModel(architecture=architecture, plugin=plugin, class_path=class_path, fallback=fallback)
         with self._lock:
             taken = self._entries.get(architecture)
             if taken is not None:
@@ -75,7 +111,14 @@ class ModelRegistry:
                     f"architecture {architecture!r} is registered twice: by plugin {taken.plugin!r} "
                     f"({taken.class_path}) and by plugin {plugin!r} ({class_path})"
                 )
+            if fallback and self._fallback is not None:
+                raise PluginError(
+                    f"two fallbacks are registered: {self._fallback.architecture!r} by plugin "
+                    f"{self._fallback.plugin!r} and {architecture!r} by plugin {plugin!r}; install one"
+                )
             self._entries[architecture] = entry
+            if fallback:
+                self._fallback = entry
         return entry
 
     # --- lookup -----------------------------------------------------------------------
@@ -98,8 +141,14 @@ class ModelRegistry:
                 f"known: {self._known()}"
             ) from None
 
+    @property
+    def fallback(self) -> RegisteredModel | None:
+        """The fallback registration, if a plugin made one."""
+        return self._fallback
+
     def _known(self) -> str:
-        return ", ".join(self.architectures()) or "none (is a model plugin installed?)"
+        native = [name for name in self.architectures() if not self._entries[name].fallback]
+        return ", ".join(native) or "none (is a model plugin installed?)"
 
     def load_class(self, architecture: str) -> type:
         """Import and return the class (once); import failures are :class:`PluginError`."""
@@ -110,21 +159,44 @@ class ModelRegistry:
                 cls = self._classes[architecture] = entry.load_class()
         return cls
 
-    def resolve(self, architectures: Sequence[str]) -> tuple[str, type]:
-        """The first of a config's ``architectures`` that is registered, with its class imported."""
+    def choose(self, architectures: Sequence[str], model_impl: str = "auto") -> ModelChoice:
+        """Which registration serves a config's ``architectures``; nothing is imported.
+
+        ``model_impl`` is ``"auto"`` (the first natively registered
+        architecture, else the fallback), ``"native"`` (never the fallback) or
+        ``"transformers"`` (always the fallback).
+        """
+        model_impl = check_model_impl(model_impl)
         if isinstance(architectures, str):
             architectures = [architectures]
-        for name in architectures:
-            if name in self._entries:
-                return name, self.load_class(name)
         if not architectures:
             raise UnknownArchitectureError(
                 f"config.json lists no architectures; expected one of: {self._known()}"
             )
+        fallback = self._fallback
+        if model_impl == "transformers":
+            if fallback is None:
+                raise UnknownArchitectureError(
+                    f"model_impl='transformers' asked for {architectures[0]!r}, but no installed plugin registers "
+                    "a fallback (pip install loader-plugin-transformers)"
+                )
+            return ModelChoice(architectures[0], fallback, "model_impl='transformers' was asked for")
+        native = [name for name in architectures if name in self._entries and not self._entries[name].fallback]
+        if native:
+            return ModelChoice(native[0], self._entries[native[0]])
+        if fallback is not None and model_impl == "auto":
+            return ModelChoice(architectures[0], fallback,
+                               f"no installed plugin registers {', '.join(architectures)} natively")
+        ruled_out = " (model_impl='native' rules out the fallback)" if fallback is not None else ""
         raise UnknownArchitectureError(
-            f"config.json architectures {list(architectures)!r}: none is registered by an installed plugin; "
-            f"known: {self._known()}"
+            f"config.json architectures {list(architectures)!r}: none is registered by an installed plugin"
+            f"{ruled_out}; known: {self._known()}"
         )
+
+    def resolve(self, architectures: Sequence[str], model_impl: str = "auto") -> tuple[str, type]:
+        """The architecture :meth:`choose` picks, with the class that serves it imported."""
+        choice = self.choose(architectures, model_impl)
+        return choice.architecture, self.load_class(choice.entry.architecture)
 
     # --- capabilities -----------------------------------------------------------------
 
@@ -191,6 +263,11 @@ class ModelRegistry:
             if package not in sources:
                 sources[package] = source_fingerprint(package)
             fingerprint = sources[package]
+            if entry.fallback and fingerprint is not None:
+                # What a fallback covers follows the library it wraps: key on its version too (no key: no cache).
+                wrapped = self._fallback_distribution
+                versions = requirements_fingerprint(wrapped) if wrapped else None
+                fingerprint = None if versions is None else fingerprint + versions
             key = None if fingerprint is None else cache_key(entry, fingerprint)
             cached = None if key is None else self.cache.load(entry, key)
             if cached is None:

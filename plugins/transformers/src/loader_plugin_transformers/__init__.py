@@ -1,0 +1,1 @@
+"""loader plugin: the transformers fallback for architectures no other plugin registers."""

@@ -1,0 +1,85 @@
+"""Which architectures transformers can build as a causal LM, and the class and config for one checkpoint.
+
+Read from transformers' auto mappings (``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``,
+model type -> class name, and ``CONFIG_MAPPING``), so the answer follows the
+installed transformers version. The config's ``architectures`` name must be a
+causal-LM class transformers has: a name it does not know is refused rather
+than guessed from ``model_type`` (a ``...ForSequenceClassification`` or a
+misspelt name would otherwise load as something else); ``model_type`` picks
+the config class, or the class's own config type when it is missing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from loader.errors import ConfigError, UnknownArchitectureError
+
+__all__ = ["HFModelSpec", "causal_lm_class_names", "covered_architectures", "hf_model_spec"]
+
+
+def causal_lm_class_names() -> dict[str, str]:
+    """``model_type -> causal-LM class name`` for every model transformers maps (the first class if several)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    names: dict[str, str] = {}
+    for model_type, value in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items():
+        names[model_type] = value if isinstance(value, str) else value[0]
+    return names
+
+
+def covered_architectures() -> tuple[str, ...]:
+    """Every causal-LM class name transformers can build, sorted (what ``loader models`` lists)."""
+    return tuple(sorted(set(causal_lm_class_names().values())))
+
+
+@attrs.frozen
+class HFModelSpec:
+    """The transformers class that serves a checkpoint and its parsed config."""
+
+    architecture: str
+    model_class: type
+    config: Any
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return str(transformers.__version__)
+
+
+def hf_model_spec(hf_config: Mapping[str, Any]) -> HFModelSpec:
+    """The transformers causal-LM class and config for ``hf_config``; one-line errors name what is unknown."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    archs = hf_config.get("architectures") or []
+    arch = str(archs[0]) if isinstance(archs, list) and archs else "(none listed)"
+    model_type = hf_config.get("model_type")
+    classes = causal_lm_class_names()
+    if arch not in set(classes.values()):
+        known_type = classes.get(model_type) if isinstance(model_type, str) else None
+        hint = (f" (its model_type {model_type!r} has {known_type}: list that in architectures to load it as one)"
+                if known_type else f" (model_type {model_type!r})")
+        raise UnknownArchitectureError(
+            f"architecture {arch!r} is not registered by any installed plugin, and transformers "
+            f"{_transformers_version()} has no causal-LM class of that name{hint}"
+        )
+    class_name = arch
+    model_class = getattr(transformers, class_name, None)
+    if not isinstance(model_class, type):
+        raise UnknownArchitectureError(f"transformers {_transformers_version()} maps {model_type!r} to "
+                                       f"{class_name}, which it does not export")
+    if not isinstance(model_type, str):  # a config written without one: the class's own config type
+        model_type = getattr(getattr(model_class, "config_class", None), "model_type", None)
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        raise ConfigError(f"config.json model_type {model_type!r}: transformers {_transformers_version()} has no "
+                          f"config class for it (needed to build {class_name})")
+    try:
+        config = CONFIG_MAPPING[model_type].from_dict(dict(hf_config))
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ConfigError(f"config.json cannot be read as a transformers {model_type} config: {exc}") from exc
+    return HFModelSpec(architecture=class_name, model_class=model_class, config=config)

@@ -1,0 +1,58 @@
+"""How the fallback reads a ``base_model_tp_plan`` and which styles it shards."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loader._distributed import simulated_tp
+from loader.errors import UnsupportedError
+from loader.layers.linear import ColumnParallelLinear, RowParallelLinear
+from loader_plugin_transformers.parallel import SplitInputRowParallelLinear, plan_style, swap_linears
+from tests.helpers.hf_fallback_checkpoints import fallback_config
+
+PLAN = {"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.o_proj": "rowwise"}
+
+
+def test_plan_patterns_match_whole_names_with_any_layer_index():
+    assert plan_style("layers.12.self_attn.q_proj", PLAN) == "colwise"
+    assert plan_style("layers.0.self_attn.o_proj", PLAN) == "rowwise"
+    assert plan_style("layers.x.self_attn.q_proj", PLAN) is None
+    assert plan_style("layers.0.self_attn.q_proj.lora", PLAN) is None
+
+
+def _meta_model(model_type):
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(fallback_config(model_type), dtype=torch.float32)
+
+
+def test_olmo2_plan_becomes_loader_layers():
+    model = _meta_model("olmo2")
+    with simulated_tp(1, 2), torch.device("meta"):
+        swap_linears(model, architecture="Olmo2ForCausalLM", plan=model.config.base_model_tp_plan,
+                     quant_config=None, dtype=torch.float32)
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert isinstance(attn.q_proj, ColumnParallelLinear) and attn.q_proj.gather_output
+    assert isinstance(attn.o_proj, SplitInputRowParallelLinear)
+    assert isinstance(mlp.up_proj, ColumnParallelLinear) and not mlp.up_proj.gather_output
+    assert type(mlp.down_proj) is RowParallelLinear
+    assert isinstance(model.lm_head, torch.nn.Linear)  # the head stays transformers'
+
+
+def test_a_style_it_cannot_shard_is_named():
+    model = _meta_model("granite")
+    with simulated_tp(0, 2), torch.device("meta"), pytest.raises(UnsupportedError) as exc:
+        swap_linears(model, architecture="GraniteForCausalLM", plan={"layers.*.mlp.up_proj": "packed_colwise"},
+                     quant_config=None, dtype=torch.float32)
+    assert str(exc.value) == ("GraniteForCausalLM: base_model_tp_plan gives layers.0.mlp.up_proj the style "
+                              "'packed_colwise'; the transformers fallback shards only colwise, rowwise, "
+                              "colwise_gather_output, rowwise_split_input")
+
+
+def test_plain_loads_keep_transformers_modules():
+    model = _meta_model("granite")
+    assert swap_linears(model, architecture="GraniteForCausalLM", plan=model.config.base_model_tp_plan,
+                        quant_config=None, dtype=torch.float32) == set()
+    assert type(model.model.layers[0].self_attn.q_proj) is torch.nn.Linear
