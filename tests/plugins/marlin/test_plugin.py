@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from loader import hooks
+from loader import _hooks as hooks
 from loader.checkpoint import LoadOptions
 from loader.errors import ConfigError, UnsupportedError
 from loader.testing import create_plugin_host
