@@ -226,26 +226,19 @@ def _build(prepared: PreparedCheckpoint, options: LoadOptions, dtype: torch.dtyp
     return choice, model, quant_config
 
 
-def _guard_quantization_stream(method: str, stream: Iterable[tuple[str, CheckpointTensor]]
-                               ) -> Iterator[tuple[str, CheckpointTensor]]:
-    """Pass a quantization's ``wrap_weights`` stream through; its bugs become a :class:`PluginError` naming it."""
+def _blamed_stream(stream: Iterable[tuple[str, CheckpointTensor]], failed_in: str
+                   ) -> Iterator[tuple[str, CheckpointTensor]]:
+    """Pass a stream a plugin transformed through; its bugs become a :class:`PluginError` saying ``failed_in``.
+
+    Used for a quantization's ``wrap_weights`` and a format's renaming step, which run as the pipeline
+    iterates, after the plugin's own hook returned (so the hook guard no longer covers them).
+    """
     try:
         yield from stream
     except LoadError:
         raise
     except Exception as exc:
-        raise PluginError(f"quantization {method!r} failed in wrap_weights: {type(exc).__name__}: {exc}") from exc
-
-
-def _guard_renaming(format_name: str, stream: Iterable[tuple[str, CheckpointTensor]]
-                    ) -> Iterator[tuple[str, CheckpointTensor]]:
-    """Pass a format's renamed stream through; a bug in its renaming becomes a :class:`PluginError`."""
-    try:
-        yield from stream
-    except LoadError:
-        raise
-    except Exception as exc:
-        raise PluginError(f"renaming of format {format_name!r} failed: {type(exc).__name__}: {exc}") from exc
+        raise PluginError(f"{failed_in}: {type(exc).__name__}: {exc}") from exc
 
 
 def _load_weights(model: nn.Module, stream: Iterator[tuple[str, CheckpointTensor]], arch: str) -> set[str]:
@@ -306,10 +299,12 @@ def _build_and_fill(prepared: PreparedCheckpoint, options: LoadOptions, progress
     weight_format = prepared.weight_format
     stream = _hooks.iter_weights(prepared.source, weight_format, options, stats, host, model)
     if weight_format.renaming is not None:
-        stream = _guard_renaming(weight_format.name, weight_format.renaming(stream, prepared.hf_config))
+        stream = _blamed_stream(weight_format.renaming(stream, prepared.hf_config),
+                                f"renaming of format {weight_format.name!r} failed")
     stream = reject_duplicates(stream)  # after renaming: two names for one tensor are one name twice
     if quant_config is not None and not weight_format.parameter_names:
-        stream = _guard_quantization_stream(quant_config.name, quant_config.wrap_weights(stream))
+        stream = _blamed_stream(quant_config.wrap_weights(stream),
+                                f"quantization {quant_config.name!r} failed in wrap_weights")
     stream = _with_progress(_counting(stream, totals), progress)
     if weight_format.parameter_names:
         with torch.no_grad(), background_population():
