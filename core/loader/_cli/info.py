@@ -11,16 +11,22 @@ __all__ = ["run_models", "run_plugins"]
 
 def run_plugins(args: argparse.Namespace) -> int:
     from .._plugins import get_plugin_host
+    from .._registry import get_registry
 
-    records = get_plugin_host().plugin_records()
+    host = get_plugin_host()
+    records = host.plugin_records()
+    conflicts = get_registry(host).conflicts()
     if args.json:
-        print_json([r.to_json() for r in records])
+        print_json([{**r.to_json(), "conflicts": [a for a, e in conflicts.items() if repr(r.name) in str(e)]}
+                    for r in records])
         return 0
     print_table(
         ["name", "distribution", "version", "status", "hooks"],
         [[r.name, r.distribution, r.version, r.status if not r.error else f"{r.status}: {r.error}",
           ", ".join(h.removeprefix("loader_") for h in r.hooks)] for r in records],
     )
+    for error in conflicts.values():
+        print(f"conflict: {error}")
     return 0
 
 
@@ -49,4 +55,7 @@ def run_models(args: argparse.Namespace) -> int:
           r.get("supports_tensor_parallel"), r.get("supports_pipeline_parallel"),
           r.get("supports_quantization"), r.get("tied_embeddings_supported")] for r in rows],
     )
+    for r in rows:
+        if "error" in r:
+            print(f"error: {r['architecture']}: {r['error']}")
     return 0

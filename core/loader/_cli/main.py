@@ -119,6 +119,10 @@ def _configure_logging(debug: bool) -> None:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     elif not root.handlers:
         root.addHandler(logging.NullHandler())
+        ours = logging.StreamHandler(sys.stderr)  # our own warnings (an architecture override) still show
+        ours.setFormatter(logging.Formatter("warning: %(message)s"))
+        ours.setLevel(logging.WARNING)
+        logging.getLogger("loader").addHandler(ours)
     logging.captureWarnings(not debug)
 
 

@@ -184,7 +184,8 @@ def _build(prepared: PreparedCheckpoint, options: LoadOptions, dtype: torch.dtyp
            host: PluginHost | None) -> tuple[str, nn.Module, Any]:
     from .._registry import get_registry
 
-    arch, cls = get_registry(host).resolve(prepared.architectures)
+    arch, cls = get_registry(host).resolve(prepared.architectures, origin=prepared.config_origin(),
+                                           host=host or current_session().plugin_host())
     quant_config = _hooks.detect_quantization(prepared.hf_config, options.quantization, options, host)
     if quant_config is not None:  # before any layer asks it, so its skip list sees fused names too
         from .._registry.capabilities import ModelInfoError, inspect_model_class

@@ -2,17 +2,27 @@
 
 Plugins register through ``loader_register_architectures(register)`` with
 ``register("Arch", "package.module:Class")``. :class:`ModelRegistry` collects
-those (rejecting a name registered twice, naming both plugins), imports a class
+those, imports a class
 only when a load needs it (:meth:`ModelRegistry.resolve`), and answers
 :meth:`ModelRegistry.model_info` from memory, the disk cache, or one probe
 child for everything still unknown, never by importing a model module here.
+
+A name registered twice (two plugins both claiming ``LlamaForCausalLM``) is a
+conflict of that architecture only: loading it, or asking what it can do,
+raises a :class:`PluginError` naming both plugins, while every other
+architecture stays loadable (refusing the whole registry would let one stray
+plugin break every load). ``LOADER_OVERRIDE_ARCHITECTURES=Arch,...`` (or
+``*``) lets the later registration win, with a warning, as vLLM lets an
+out-of-tree model replace a built-in one.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -27,7 +37,19 @@ from .probe import ProbeOutcome, probe_in_child, probe_in_process, wants_in_proc
 if TYPE_CHECKING:
     from .._plugins import PluginHost
 
-__all__ = ["ModelRegistry", "get_registry", "model_info"]
+__all__ = ["OVERRIDE_ENV", "ModelRegistry", "get_registry", "model_info", "override_setting"]
+
+OVERRIDE_ENV = "LOADER_OVERRIDE_ARCHITECTURES"
+log = logging.getLogger(__name__)
+
+
+def override_setting(environ: Mapping[str, str] | None = None) -> frozenset[str]:
+    """Architectures whose later registration replaces an earlier one: ``LOADER_OVERRIDE_ARCHITECTURES``.
+
+    Comma-separated names, or ``*`` for every architecture; unset or empty overrides nothing.
+    """
+    env = os.environ if environ is None else environ
+    return frozenset(part.strip() for part in env.get(OVERRIDE_ENV, "").split(",") if part.strip())
 
 
 @attrs.define
@@ -35,6 +57,8 @@ class ModelRegistry:
     """Registered architectures of one plugin host, their classes once loaded, their probed info."""
 
     cache: ProbeCache = attrs.field(factory=ProbeCache)
+    overrides: frozenset[str] = attrs.field(factory=override_setting)
+    _conflicts: dict[str, tuple[RegisteredModel, ...]] = attrs.field(factory=dict, init=False)
     _entries: dict[str, RegisteredModel] = attrs.field(factory=dict, init=False)
     _classes: dict[str, type] = attrs.field(factory=dict, init=False)
     _infos: dict[str, ModelInfo] = attrs.field(factory=dict, init=False)
@@ -45,7 +69,7 @@ class ModelRegistry:
         """Ask every plugin of ``host`` (default: the process-wide host) to register its architectures."""
         from .._hooks import register_architectures
 
-        registry = cls() if cache is None else cls(cache=cache)
+        registry = cls() if cache is None else cls(cache=cache, overrides=override_setting())
         register_architectures(registry.callback_for, host)
         return registry
 
@@ -60,7 +84,15 @@ class ModelRegistry:
         return register
 
     def register(self, architecture: str, class_path: str, *, plugin: str) -> RegisteredModel:
-        """Add one architecture; a name already taken is a :class:`PluginError` naming both plugins."""
+        """Add one architecture.
+
+        A name already taken becomes a conflict of that architecture (see
+        :meth:`conflict_error`), unless the override setting names it: then
+        the registration already made wins, with a warning. Registrations
+        arrive in pluggy's order (the plugin registered last is asked first,
+        as for every hook), so the winner is the plugin installed or
+        registered later, or the one marked ``tryfirst``.
+        """
         if not isinstance(architecture, str) or not architecture.strip():
             raise PluginError(
                 f"plugin {plugin!r} registered architecture {architecture!r}; expected a non-empty name "
@@ -70,26 +102,48 @@ class ModelRegistry:
         entry = RegisteredModel(architecture=architecture, plugin=plugin, class_path=class_path)
         with self._lock:
             taken = self._entries.get(architecture)
-            if taken is not None:
-                raise PluginError(
-                    f"architecture {architecture!r} is registered twice: by plugin {taken.plugin!r} "
-                    f"({taken.class_path}) and by plugin {plugin!r} ({class_path})"
+            if taken is not None and (architecture in self.overrides or "*" in self.overrides):
+                # pluggy asks the plugin registered last first, so the one already here is the later plugin
+                log.warning(
+                    "architecture %r: plugin %r (%s) overrides plugin %r (%s) because %s names it",
+                    architecture, taken.plugin, taken.class_path, plugin, class_path, OVERRIDE_ENV,
                 )
+                return taken
+            if taken is not None:
+                self._conflicts[architecture] = (*self._conflicts.get(architecture, (taken,)), entry)
+                return entry
             self._entries[architecture] = entry
         return entry
 
     # --- lookup -----------------------------------------------------------------------
 
     def architectures(self) -> list[str]:
-        """Registered architecture names, sorted."""
+        """Registered architecture names, sorted (those in conflict too)."""
         return sorted(self._entries)
 
     def entries(self) -> list[RegisteredModel]:
-        """Registrations, sorted by architecture."""
+        """Registrations, sorted by architecture (an architecture in conflict: its first registration)."""
         return [self._entries[name] for name in self.architectures()]
 
+    def conflicts(self) -> dict[str, PluginError]:
+        """Each architecture registered more than once (and not overridden), with the error it loads with."""
+        return {name: self.conflict_error(name) for name in sorted(self._conflicts)}
+
+    def conflict_error(self, architecture: str) -> PluginError:
+        """Why ``architecture`` cannot be used: every plugin that registered it, and the way out."""
+        claims = " and ".join(f"plugin {e.plugin!r} ({e.class_path})" for e in self._conflicts[architecture])
+        return PluginError(
+            f"architecture {architecture!r} is registered by {claims}; disable one "
+            f"(LOADER_DISABLE_PLUGINS) or set {OVERRIDE_ENV}={architecture} to let the later one win"
+        )
+
     def entry(self, architecture: str) -> RegisteredModel:
-        """The registration of ``architecture``; :class:`UnknownArchitectureError` if there is none."""
+        """The registration of ``architecture``; :class:`UnknownArchitectureError` if there is none.
+
+        An architecture in conflict raises its :meth:`conflict_error`.
+        """
+        if architecture in self._conflicts:
+            raise self.conflict_error(architecture)
         try:
             return self._entries[architecture]
         except KeyError:
@@ -110,8 +164,16 @@ class ModelRegistry:
                 cls = self._classes[architecture] = entry.load_class()
         return cls
 
-    def resolve(self, architectures: Sequence[str]) -> tuple[str, type]:
-        """The first of a config's ``architectures`` that is registered, with its class imported."""
+    def resolve(self, architectures: Sequence[str], *, origin: str = "config.json",
+                host: PluginHost | None = None) -> tuple[str, type]:
+        """The first of a config's ``architectures`` that is registered, with its class imported.
+
+        ``origin`` says where the names came from in messages (a GGUF file's
+        metadata, not ``config.json``); ``host`` lets a miss name the plugin
+        distribution to install, or say that it is installed but disabled.
+        """
+        from .._known_plugins import missing_plugin_hint
+
         if isinstance(architectures, str):
             architectures = [architectures]
         for name in architectures:
@@ -119,11 +181,12 @@ class ModelRegistry:
                 return name, self.load_class(name)
         if not architectures:
             raise UnknownArchitectureError(
-                f"config.json lists no architectures; expected one of: {self._known()}"
+                f"{origin} lists no architectures; expected one of: {self._known()}"
             )
+        hint = missing_plugin_hint("architecture", architectures[0], host)
         raise UnknownArchitectureError(
-            f"config.json architectures {list(architectures)!r}: none is registered by an installed plugin; "
-            f"known: {self._known()}"
+            f"{origin} architectures {list(architectures)!r}: none is registered by an installed plugin; "
+            f"known: {self._known()}{hint}"
         )
 
     # --- capabilities -----------------------------------------------------------------
@@ -148,8 +211,8 @@ class ModelRegistry:
     def model_infos_or_errors(self, architectures: Iterable[str] | None = None) -> dict[str, ProbeOutcome]:
         """Like :meth:`model_infos`, but a failed probe is returned as its error (for listings)."""
         names = self.architectures() if architectures is None else list(architectures)
-        entries = [self.entry(name) for name in names]
-        outcomes: dict[str, ProbeOutcome] = {}
+        outcomes: dict[str, ProbeOutcome] = {n: self.conflict_error(n) for n in names if n in self._conflicts}
+        entries = [self.entry(name) for name in names if name not in outcomes]
         pending: list[RegisteredModel] = []
         in_process = wants_in_process_probe()
         with self._lock:
