@@ -226,14 +226,15 @@ class ModelRegistry:
                     pending.append(entry)
             to_probe = self._read_cache(pending, outcomes)
             if to_probe:
-                probed = probe_in_child([entry for entry, _ in to_probe])
+                packages: dict[str, list[str]] = {}
+                probed = probe_in_child([entry for entry, _ in to_probe], packages)
                 for entry, key in to_probe:
                     outcome = probed[entry.architecture]
                     outcomes[entry.architecture] = outcome
                     if isinstance(outcome, ModelInfo):
                         self._infos[entry.architecture] = outcome
                         if key is not None:
-                            self.cache.store(entry, key, outcome)
+                            self.cache.store(entry, key, outcome, packages.get(entry.architecture, ()))
         return {name: outcomes[name] for name in names}
 
     def _probe_here(self, entry: RegisteredModel) -> ProbeOutcome:
