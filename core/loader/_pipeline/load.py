@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import gc
 import resource
-import sys
 import time
 import traceback
 from collections.abc import Iterable, Iterator, Mapping
@@ -39,6 +38,7 @@ from .by_name import load_by_name
 from .factory_dtype import factory_dtype
 from .materialize import materialize, parameter_bytes
 from .prepare import PreparedCheckpoint, prepare_checkpoint
+from .progress import checkpoint_size, with_progress
 from .verify import check_all_filled, reject_duplicates
 
 __all__ = ["LoadReport", "build_options", "load_model", "load_model_with_report"]
@@ -170,16 +170,6 @@ def _counting(
         yield name, tensor
 
 
-def _with_progress(
-    stream: Iterator[tuple[str, CheckpointTensor]], enabled: bool
-) -> Iterator[tuple[str, CheckpointTensor]]:
-    if not enabled:
-        return stream
-    from tqdm import tqdm
-
-    return iter(tqdm(stream, desc="loading", unit="tensor", leave=False, file=sys.stderr))
-
-
 def _build(prepared: PreparedCheckpoint, options: LoadOptions, dtype: torch.dtype,
            host: PluginHost | None) -> tuple[str, nn.Module, Any]:
     from .._registry import get_registry
@@ -289,7 +279,7 @@ def _build_and_fill(prepared: PreparedCheckpoint, options: LoadOptions, progress
     stream = reject_duplicates(stream)  # after renaming: two names for one tensor are one name twice
     if quant_config is not None and not weight_format.parameter_names:
         stream = _guard_quantization_stream(quant_config.name, quant_config.wrap_weights(stream))
-    stream = _with_progress(_counting(stream, totals), progress)
+    stream = with_progress(_counting(stream, totals), progress, checkpoint_size(weight_format.files))
     if weight_format.parameter_names:
         with torch.no_grad(), background_population():
             loaded = load_by_name(model, stream)
