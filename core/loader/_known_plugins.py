@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from ._plugins import PluginHost
     from .checkpoint import Source
 
-__all__ = ["KNOWN_PLUGINS", "FALLBACK_ARCHITECTURE_PLUGIN", "KnownPlugin", "Provision", "formats_of_files",
-           "missing_plugin_hint", "provider_of"]
+__all__ = ["FALLBACK_ARCHITECTURE_PLUGIN", "KNOWN_PLUGINS", "KnownPlugin", "Provision", "formats_of_files",
+           "installed_uri_schemes", "missing_plugin_hint", "provider_of"]
 
 Provision = Literal["format", "quantization", "scheme", "architecture"]
 
@@ -117,3 +117,13 @@ def formats_of_files(source: Source) -> list[str]:
         return []
     found = {fmt for name in names for suffix, fmt in _SUFFIX_FORMATS.items() if name.endswith(suffix)}
     return [fmt for fmt in dict.fromkeys(_SUFFIX_FORMATS.values()) if fmt in found]
+
+
+def installed_uri_schemes() -> list[str]:
+    """URI schemes of the installed first-party plugins, from entry point names alone (nothing imported)."""
+    import importlib.metadata
+
+    from ._plugins import ENTRY_POINT_GROUP
+
+    installed = {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    return [scheme for plugin in KNOWN_PLUGINS if plugin.name in installed for scheme in plugin.schemes]

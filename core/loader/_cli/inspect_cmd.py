@@ -63,7 +63,7 @@ def inspect_source(location: str, load_format: str = "auto", revision: str | Non
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    info = inspect_source(args.source, args.format, args.revision)
+    info = inspect_source(args.source, args.load_format, args.revision)
     if args.json:
         print_json(info)
         return 0
