@@ -15,9 +15,11 @@ def run_plugins(args: argparse.Namespace) -> int:
 
     host = get_plugin_host()
     records = host.plugin_records()
-    conflicts = get_registry(host).conflicts()
+    registry = get_registry(host)
+    conflicts = registry.conflicts()
     if args.json:
-        print_json([{**r.to_json(), "conflicts": [a for a, e in conflicts.items() if repr(r.name) in str(e)]}
+        print_json([{**r.to_json(),
+                     "conflicts": [a for a in conflicts if r.name in registry.conflicting_plugins(a)]}
                     for r in records])
         return 0
     print_table(
@@ -31,9 +33,10 @@ def run_plugins(args: argparse.Namespace) -> int:
 
 
 def run_models(args: argparse.Namespace) -> int:
+    from .._plugins import get_plugin_host
     from .._registry import get_registry
 
-    registry = get_registry()
+    registry = get_registry(get_plugin_host())
     entries = registry.entries()
     infos = registry.model_infos_or_errors([e.architecture for e in entries])
     rows: list[dict[str, object]] = []

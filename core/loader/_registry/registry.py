@@ -129,6 +129,10 @@ class ModelRegistry:
         """Each architecture registered more than once (and not overridden), with the error it loads with."""
         return {name: self.conflict_error(name) for name in sorted(self._conflicts)}
 
+    def conflicting_plugins(self, architecture: str) -> tuple[str, ...]:
+        """The plugins that registered ``architecture`` (empty unless it is in conflict)."""
+        return tuple(entry.plugin for entry in self._conflicts.get(architecture, ()))
+
     def conflict_error(self, architecture: str) -> PluginError:
         """Why ``architecture`` cannot be used: every plugin that registered it, and the way out."""
         claims = " and ".join(f"plugin {e.plugin!r} ({e.class_path})" for e in self._conflicts[architecture])
