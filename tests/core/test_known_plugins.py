@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from loader._known_plugins import KNOWN_PLUGINS, missing_plugin_hint, provider_of
-from loader._plugins import PluginRecord, create_plugin_host
+from loader._plugins import PluginRecord, create_plugin_host, use_plugin_host
 from loader.hookspecs import hookimpl
 
 
@@ -84,17 +84,21 @@ class _Registers:
 
 
 def test_plugins_and_models_commands_show_a_conflict(monkeypatch, capsys, tmp_path):
-    import json
-
-    from loader import _plugins
-    from loader._cli.main import main
 
     monkeypatch.setenv("LOADER_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("LOADER_OVERRIDE_ARCHITECTURES", raising=False)
     host = create_plugin_host(load_entry_points=False)
     for name in ("one", "two"):
         host.register(_Registers("ToyForCausalLM", f"{name}_pkg.model:Toy"), name)
-    monkeypatch.setattr(_plugins, "get_plugin_host", lambda: host)
+    with use_plugin_host(host):
+        _run_listings(capsys)
+
+
+def _run_listings(capsys) -> None:
+    import json
+
+    from loader._cli.main import main
+
     assert main(["plugins"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[-1] == (

@@ -10,10 +10,10 @@ __all__ = ["run_models", "run_plugins"]
 
 
 def run_plugins(args: argparse.Namespace) -> int:
-    from .._plugins import get_plugin_host
     from .._registry import get_registry
+    from .._session import current_session
 
-    host = get_plugin_host()
+    host = current_session().plugin_host()  # the process-wide host, unless a caller set another
     records = host.plugin_records()
     registry = get_registry(host)
     conflicts = registry.conflicts()
@@ -33,10 +33,9 @@ def run_plugins(args: argparse.Namespace) -> int:
 
 
 def run_models(args: argparse.Namespace) -> int:
-    from .._plugins import get_plugin_host
     from .._registry import get_registry
 
-    registry = get_registry(get_plugin_host())
+    registry = get_registry()
     entries = registry.entries()
     infos = registry.model_infos_or_errors([e.architecture for e in entries])
     rows: list[dict[str, object]] = []
