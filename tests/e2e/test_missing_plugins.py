@@ -87,3 +87,18 @@ def test_override_lets_the_later_llama_registration_win_with_a_warning(checkpoin
     assert type(model).__name__ == "MistralForCausalLM"
     assert any("plugin 'rogue' (loader_plugin_mistral.model:MistralForCausalLM) overrides plugin 'llama'"
                in r.getMessage() for r in caplog.records)
+
+
+def test_safetensors_folder_without_the_plugin_installed_says_what_to_install(checkpoints):
+    """As in a venv with only loader-core, -gguf and -llama: no record of the safetensors plugin at all."""
+    import loader_plugin_gguf.plugin
+    import loader_plugin_llama.plugin
+
+    host = create_plugin_host(load_entry_points=False)
+    host.register(loader_plugin_gguf.plugin, "gguf", distribution="loader-plugin-gguf")
+    host.register(loader_plugin_llama.plugin, "llama", distribution="loader-plugin-llama")
+    with pytest.raises(SourceNotFoundError) as err:
+        loader.load_model(str(checkpoints["llama"]), host=host)
+    assert str(err.value) == (
+        f"{checkpoints['llama']}: no weight files any installed format plugin recognises (safetensors files); "
+        "loader-plugin-safetensors provides it: pip install loader-plugin-safetensors")
