@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import pluggy
 
+from ._known_plugins import formats_of_files, missing_plugin_hint
 from ._plugin_guard import calling_plugin, recording_answers
 from .errors import LoadError, PluginError
 
@@ -89,6 +90,12 @@ def resolve_source(location: str, options: LoadOptions, host: PluginHost | None 
 
     found = _first(_host(host).pm.hook.loader_resolve_source, location=location, options=options)
     if found is None:
+        scheme, sep, _ = location.partition("://")
+        if sep and scheme:
+            raise SourceNotFoundError(
+                f"{location}: no installed plugin opens {scheme}:// URIs"
+                f"{missing_plugin_hint('scheme', scheme, _host(host))}"
+            )
         raise SourceNotFoundError(f"{location}: not a local path, Hub id or URI any plugin can open")
     return found.value  # type: ignore[no-any-return]
 
@@ -97,15 +104,19 @@ def detect_format(source: Source, requested: str, host: PluginHost | None = None
     """Choose the weight format; raises if no plugin recognises the files."""
     from .errors import SourceNotFoundError, UnsupportedError
 
-    found = _first(_host(host).pm.hook.loader_detect_format, source=source, requested=requested)
+    plugins = _host(host)
+    found = _first(plugins.pm.hook.loader_detect_format, source=source, requested=requested)
     if found is None:
         if requested != "auto":
             raise UnsupportedError(
                 f"{source.display()}: load_format {requested!r} is not provided by any installed plugin "
-                "or the source holds no files of that format"
+                f"or the source holds no files of that format{missing_plugin_hint('format', requested, plugins)}"
             )
+        present = formats_of_files(source)
+        hints = "".join(missing_plugin_hint("format", name, plugins) for name in present)
+        what = f" ({', '.join(present)} files)" if present else ""
         raise SourceNotFoundError(
-            f"{source.display()}: no weight files any installed format plugin recognises"
+            f"{source.display()}: no weight files any installed format plugin recognises{what}{hints}"
         )
     return found.value  # type: ignore[no-any-return]
 
@@ -138,7 +149,10 @@ def iter_weights(
     found = _first(_host(host).pm.hook.loader_iter_weights, source=source,
                    weight_format=weight_format, options=options, stats=stats, model=model)
     if found is None:
-        raise UnsupportedError(f"no installed plugin can read weights of format {weight_format.name!r}")
+        raise UnsupportedError(
+            f"no installed plugin can read weights of format {weight_format.name!r}"
+            f"{missing_plugin_hint('format', weight_format.name, _host(host))}"
+        )
     return found.value  # type: ignore[no-any-return]
 
 
@@ -175,12 +189,16 @@ def detect_quantization(
     if found is not None:
         return found.value  # type: ignore[no-any-return]
     if requested is not None:
-        raise UnsupportedError(f"quantization {requested!r} is not provided by any installed plugin")
+        raise UnsupportedError(
+            f"quantization {requested!r} is not provided by any installed plugin"
+            f"{missing_plugin_hint('quantization', requested, _host(host))}"
+        )
     declared = hf_config.get("quantization_config")
     if isinstance(declared, Mapping) and declared.get("quant_method"):
+        method = str(declared["quant_method"])
         raise UnsupportedError(
-            f"config.json declares quantization_config.quant_method={declared['quant_method']!r}, "
-            "which no installed plugin provides"
+            f"config.json declares quantization_config.quant_method={method!r}, "
+            f"which no installed plugin provides{missing_plugin_hint('quantization', method, _host(host))}"
         )
     return None
 

@@ -165,8 +165,13 @@ def _load_entry_points(host: PluginHost, *, allow: set[str] | None, deny: set[st
         seen.add(ep.name)
         dist = ep.dist.name if ep.dist is not None else None
         version = ep.dist.version if ep.dist is not None else None
-        if (allow is not None and ep.name not in allow) or ep.name in deny:
-            host.records[ep.name] = PluginRecord(ep.name, dist, version, "blocked")
+        if ep.name in deny:
+            host.records[ep.name] = PluginRecord(ep.name, dist, version, "blocked",
+                                                 error=f"LOADER_DISABLE_PLUGINS names {ep.name!r}")
+            continue
+        if allow is not None and ep.name not in allow:
+            host.records[ep.name] = PluginRecord(ep.name, dist, version, "blocked",
+                                                 error=f"LOADER_PLUGINS does not name {ep.name!r}")
             continue
         try:
             host.register(ep.load(), ep.name, distribution=dist, version=version)

@@ -157,7 +157,10 @@ def loader_register_architectures(register: RegisterArchitecture) -> None:
     Called for every plugin. Call ``register("LlamaForCausalLM",
     "loader_plugin_llama.model:LlamaForCausalLM")``; the string form is lazy:
     nothing is imported until the class is used, and capabilities are probed in
-    a child process. A name registered twice is an error naming both plugins.
+    a child process. A name registered by two plugins is a conflict of that
+    architecture only (loading it raises a ``PluginError`` naming both; the
+    others load), unless ``LOADER_OVERRIDE_ARCHITECTURES`` names it: then the
+    plugin asked first (registered later) wins, with a warning.
 
     ``register("TransformersForCausalLM", "...:Class", fallback=True)`` registers
     a *fallback*: the registry hands it the architectures no plugin registers

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from loader._cli.main import build_parser
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -59,7 +63,90 @@ def test_bad_option_is_one_line_exit_2() -> None:
 def test_unsupported_dtype_is_one_line(tmp_path: Path) -> None:
     result = run_cli("load", str(tmp_path), "--dtype", "int3")
     assert result.returncode == 2
-    assert result.stderr == "error: dtype 'int3' is not supported; use one of float32, float16, bfloat16\n"
+    assert result.stderr == ("error: argument --dtype: invalid choice: 'int3' (choose from 'auto', 'bfloat16', "
+                             "'float16', 'float32') (see 'loader load --help')\n")
+
+
+def _options(parser: argparse.ArgumentParser, path: str = "loader") -> list[tuple[str, argparse.Action]]:
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found.extend(_options(sub, f"{path} {name}"))
+        elif not isinstance(action, argparse._HelpAction):
+            found.append((f"{path} {action.dest}", action))
+    return found
+
+
+def test_every_option_has_help_and_dtype_has_choices() -> None:
+    options = _options(build_parser())
+    assert [name for name, action in options if not action.help] == []
+    assert {name: action.choices for name, action in options if action.dest == "dtype"} == {
+        f"loader {cmd} dtype": ("auto", "bfloat16", "float16", "float32")
+        for cmd in ("load", "generate", "save-sharded")
+    }
+
+
+@pytest.mark.parametrize("flag", ["--format", "--load-format"])
+def test_load_format_keeps_format_as_an_alias(flag: str) -> None:
+    for command in (["load", "x"], ["inspect", "x"], ["generate", "x", "--prompt", "p"], ["save-sharded", "x", "o",
+                                                                                           "--tp", "1"]):
+        assert build_parser().parse_args([*command, flag, "gguf"]).load_format == "gguf"
+
+
+def test_load_defaults_to_the_checkpoints_dtype(tmp_path: Path) -> None:
+    from tests.helpers.hf_checkpoints import save_checkpoint
+
+    save_checkpoint("llama", tmp_path / "half", dtype=torch.float16)
+    result = run_cli("load", str(tmp_path / "half"), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["dtype"] == "float16"
+
+
+def test_json_errors_are_json_on_stdout_with_the_exit_code(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    result = run_cli("load", str(missing), "--json")
+    assert result.returncode == 2
+    assert result.stderr == ""
+    assert json.loads(result.stdout) == {"error": f"{missing}: no such file or directory",
+                                         "type": "SourceNotFoundError", "exit_code": 2}
+    result = run_cli("load", str(missing), "--json", "--dtype", "int3")
+    assert result.returncode == 2 and result.stderr == ""
+    assert json.loads(result.stdout)["type"] == "UsageError"
+
+
+def test_help_names_no_uri_scheme_no_plugin_provides() -> None:
+    result = run_cli("load", "--help")
+    assert result.returncode == 0
+    assert "s3://" not in result.stdout and "--load-format" in result.stdout
+
+
+@pytest.mark.torchrun
+def test_tensor_parallel_size_launches_the_workers(tmp_path: Path) -> None:
+    from tests.helpers.hf_checkpoints import save_checkpoint
+
+    save_checkpoint("llama", tmp_path / "tiny")
+    result = run_cli("load", str(tmp_path / "tiny"), "--tensor-parallel-size", "2", "--dtype", "float32", "--json",
+                     env={"OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)  # one object: rank 0 reports, the other rank's stdout is dropped
+    assert (report["tp_rank"], report["tp_size"]) == (0, 2)
+    assert report["bytes_read"] < 0.75 * report["checkpoint_bytes"]
+
+
+@pytest.mark.torchrun
+def test_tensor_parallel_workers_errors_are_one_line(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    result = run_cli("load", str(missing), "--tensor-parallel-size", "2")
+    assert result.returncode == 2
+    assert result.stderr == f"error: {missing}: no such file or directory\n"
+
+
+def test_tensor_parallel_size_must_match_torchrun(tmp_path: Path) -> None:
+    result = run_cli("load", str(tmp_path), "-tp", "2", env={"WORLD_SIZE": "4"})
+    assert result.returncode == 2
+    assert result.stderr == ("error: --tensor-parallel-size 2 under torchrun with WORLD_SIZE=4: run the command "
+                             "without torchrun to let loader launch the workers, or make the two agree\n")
 
 
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
+import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -58,6 +61,68 @@ def test_local_path_wins_over_hub_id(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_uncached_hub_id_offline_says_so(offline_cache: Path) -> None:
     with pytest.raises(SourceNotFoundError, match="acme/absent: not a local path, and not in the Hugging Face cache"):
         loader_resolve_source("acme/absent", OPTIONS)
+
+
+@pytest.fixture
+def no_hub(monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the Hub must not be asked")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", refuse)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", refuse)
+
+
+@pytest.mark.parametrize("location", ["./nope", "/no/such/folder", "~/no-such-model", "models/llama/7b",
+                                      "model.gguf", "weights.safetensors", "folder\\model"])
+def test_missing_path_like_location_is_a_missing_path(location: str, no_hub: None, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SourceNotFoundError, match=rf"^{re.escape(location)}: no such file or directory$"):
+        loader_resolve_source(location, OPTIONS)
+
+
+@pytest.fixture
+def unreachable_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """HF_ENDPOINT on a closed local port: every request is refused at once, nothing leaves the machine."""
+    import huggingface_hub.constants as constants
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    endpoint = f"http://127.0.0.1:{port}"
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_unreachable_hub_fails_in_seconds_naming_offline(unreachable_hub: Path) -> None:
+    started = time.monotonic()
+    with pytest.raises(SourceNotFoundError) as err:
+        loader_resolve_source("acme/absent", OPTIONS)
+    assert time.monotonic() - started < 5
+    message = str(err.value)
+    assert message.startswith("acme/absent: the Hugging Face Hub cannot be reached (ConnectError: ")
+    assert "Connection refused" in message  # the closed local port, not a DNS failure for huggingface.co
+    assert message.endswith("and the repository is not in the local cache; check the network, or download "
+                            "it first and set HF_HUB_OFFLINE=1 to work offline")
+    assert "\n" not in message
+
+
+def test_unreachable_hub_falls_back_to_the_cached_repository(unreachable_hub: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    snapshot = _cache(unreachable_hub, "acme/tiny", {"config.json": b"{}", "model.safetensors": b"x"})
+    with caplog.at_level("WARNING", logger="loader"):
+        source = loader_resolve_source("acme/tiny", OPTIONS)
+    assert source is not None and source.path == snapshot
+    assert any("cannot be reached (ConnectError); using the cached snapshot" in r.getMessage()
+               for r in caplog.records)
 
 
 def test_uri_schemes_are_left_to_plugins() -> None:

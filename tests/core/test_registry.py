@@ -69,15 +69,50 @@ def test_entries_are_sorted_across_plugins(host):
     assert [e.plugin for e in registry.entries()] == ["alpha", "alpha", "zed"]
 
 
-def test_duplicate_architecture_names_both_plugins(host):
-    host.register(Registers(ToyForCausalLM="first_pkg.model:Toy"), "first")
+def test_duplicate_architecture_is_a_conflict_of_that_architecture_only(host, monkeypatch):
+    monkeypatch.delenv("LOADER_OVERRIDE_ARCHITECTURES", raising=False)
+    host.register(Registers(ToyForCausalLM="first_pkg.model:Toy", OtherForCausalLM="o.m:O"), "first")
     host.register(Registers(ToyForCausalLM="second_pkg.model:Toy"), "second")
+    registry = ModelRegistry.from_host(host)
+    assert registry.entry("OtherForCausalLM").plugin == "first"
     with pytest.raises(PluginError) as err:
-        ModelRegistry.from_host(host)
+        registry.entry("ToyForCausalLM")
     message = str(err.value)
     assert "'ToyForCausalLM'" in message
     assert "'first'" in message and "'second'" in message
     assert "first_pkg.model:Toy" in message and "second_pkg.model:Toy" in message
+    assert "LOADER_OVERRIDE_ARCHITECTURES=ToyForCausalLM" in message
+    assert list(registry.conflicts()) == ["ToyForCausalLM"]
+    with pytest.raises(PluginError, match="registered by plugin"):
+        registry.resolve(["ToyForCausalLM"])
+    assert isinstance(registry.model_infos_or_errors(["ToyForCausalLM"])["ToyForCausalLM"], PluginError)
+
+
+@pytest.mark.parametrize("setting", ["ToyForCausalLM", " Other , ToyForCausalLM", "*"])
+def test_override_setting_lets_the_later_registration_win_with_a_warning(host, monkeypatch, caplog, setting):
+    monkeypatch.setenv("LOADER_OVERRIDE_ARCHITECTURES", setting)
+    host.register(Registers(ToyForCausalLM="first_pkg.model:Toy"), "first")
+    host.register(Registers(ToyForCausalLM="second_pkg.model:Toy"), "second")
+    with caplog.at_level("WARNING", logger="loader._registry"):
+        registry = ModelRegistry.from_host(host)
+    assert registry.entry("ToyForCausalLM").plugin == "second"  # registered later: asked first
+    assert registry.conflicts() == {}
+    assert [r.getMessage() for r in caplog.records] == [
+        "architecture 'ToyForCausalLM': plugin 'second' (second_pkg.model:Toy) overrides plugin 'first' "
+        "(first_pkg.model:Toy) because LOADER_OVERRIDE_ARCHITECTURES names it"
+    ]
+
+
+def test_unknown_architecture_names_the_plugin_to_install():
+    host = create_plugin_host(load_entry_points=False)
+    registry = ModelRegistry()
+    with pytest.raises(UnknownArchitectureError, match=r"pip install loader-plugin-qwen$"):
+        registry.resolve(["Qwen2ForCausalLM"], host=host)
+    with pytest.raises(UnknownArchitectureError, match=r"^GGUF file m.gguf: architectures"):
+        registry.resolve(["Qwen2ForCausalLM"], origin="GGUF file m.gguf:", host=host)
+    with pytest.raises(UnknownArchitectureError,
+                       match=r"loader-plugin-transformers \(builds any architecture transformers knows\)"):
+        registry.resolve(["GPT2LMHeadModel"], host=host)
 
 
 @pytest.mark.parametrize("bad", ["pkg.model.ToyForCausalLM", "pkg.model:", ":Toy", "pkg model:Toy",

@@ -78,6 +78,45 @@ def test_changing_any_source_of_the_package_invalidates(toy, children):
     assert len(children) == 3
 
 
+def test_changing_the_package_of_a_base_class_invalidates(tmp_path, children, monkeypatch):
+    """The class's own package is not enough: a base class from another distribution changes the answer too."""
+    base, sub = f"regbase_{uuid.uuid4().hex[:12]}", f"regsub_{uuid.uuid4().hex[:12]}"
+    root = tmp_path / "src"
+    root.mkdir()
+    write_module(root, f"{base}.bases", "class Base:\n    tied_embeddings_supported = True\n")
+    write_module(root, f"{sub}.model", f"from {base}.bases import Base\n\nclass ToyForCausalLM(Base):\n"
+                                        "    is_text_generation_model = True\n")
+    monkeypatch.syspath_prepend(str(root))
+    try:
+        assert fresh_registry(sub).model_info("ToyForCausalLM").tied_embeddings_supported is True
+        assert fresh_registry(sub).model_info("ToyForCausalLM").tied_embeddings_supported is True
+        assert len(children) == 1
+        bases = root / base / "bases.py"
+        bases.write_text("class Base:\n    tied_embeddings_supported = False  # changed\n")
+        assert fresh_registry(sub).model_info("ToyForCausalLM").tied_embeddings_supported is False
+        assert len(children) == 2
+    finally:
+        forget_module(base)
+        forget_module(sub)
+
+
+def test_stale_entries_of_an_architecture_are_pruned(toy, children, tmp_path):
+    package, folder = toy
+    fresh_registry(package).model_info("ToyForCausalLM")
+    (folder / "layers.py").write_text("HIDDEN = 128  # changed\n")
+    fresh_registry(package).model_info("ToyForCausalLM")
+    (folder / "layers.py").write_text("HIDDEN = 256  # changed again\n")
+    fresh_registry(package).model_info("ToyForCausalLM")
+    assert len(children) == 3
+    assert len(cache_files(tmp_path)) == 1
+
+
+def test_the_probe_sources_in_the_key_exist():
+    from loader._registry.fingerprint import probe_sources
+
+    assert all(path.is_file() for path in probe_sources())
+
+
 def test_source_fingerprint_covers_the_package_without_importing_it(toy):
     package, folder = toy
     before = source_fingerprint(package)

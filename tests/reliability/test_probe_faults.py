@@ -119,9 +119,15 @@ def test_garbage_from_the_child_is_a_row_error_and_the_parent_still_loads(toys, 
 @pytest.mark.parametrize("value", ["soon", "-1"])
 def test_bad_probe_timeout_is_one_line_exit_2(toys, capsys, monkeypatch, value: str) -> None:
     monkeypatch.setenv("LOADER_PROBE_TIMEOUT", value)
-    code, _, err = _models_json({"ToyForCausalLM": f"{toys(TOY_WITHOUT_TORCH)}:ToyForCausalLM"}, capsys)
-    assert code == 2
-    assert err == f"error: LOADER_PROBE_TIMEOUT={value!r}: expected a positive number of seconds\n"
+    host = create_plugin_host(load_entry_points=False)
+    host.register(_Registers({"ToyForCausalLM": f"{toys(TOY_WITHOUT_TORCH)}:ToyForCausalLM"}), "toys")
+    message = f"LOADER_PROBE_TIMEOUT={value!r}: expected a positive number of seconds"
+    with use_plugin_host(host):
+        assert main(["models"]) == 2
+        assert capsys.readouterr().err == f"error: {message}\n"
+        assert main(["models", "--json"]) == 2  # with --json, the error is JSON on stdout
+        out, err = capsys.readouterr()
+    assert err == "" and json.loads(out) == {"error": message, "type": "ConfigError", "exit_code": 2}
 
 
 # --- the cache ------------------------------------------------------------------------------------------

@@ -10,17 +10,25 @@ __all__ = ["run_models", "run_plugins"]
 
 
 def run_plugins(args: argparse.Namespace) -> int:
-    from .._plugins import get_plugin_host
+    from .._registry import get_registry
+    from .._session import current_session
 
-    records = get_plugin_host().plugin_records()
+    host = current_session().plugin_host()  # the process-wide host, unless a caller set another
+    records = host.plugin_records()
+    registry = get_registry(host)
+    conflicts = registry.conflicts()
     if args.json:
-        print_json([r.to_json() for r in records])
+        print_json([{**r.to_json(),
+                     "conflicts": [a for a in conflicts if r.name in registry.conflicting_plugins(a)]}
+                    for r in records])
         return 0
     print_table(
         ["name", "distribution", "version", "status", "hooks"],
         [[r.name, r.distribution, r.version, r.status if not r.error else f"{r.status}: {r.error}",
           ", ".join(h.removeprefix("loader_") for h in r.hooks)] for r in records],
     )
+    for error in conflicts.values():
+        print(f"conflict: {error}")
     return 0
 
 
@@ -54,4 +62,6 @@ def run_models(args: argparse.Namespace) -> int:
         if r["fallback"] and isinstance(covered, list):
             print(f"\n{r['architecture']} (plugin {r['plugin']}) is the fallback for architectures no plugin "
                   f"registers; it covers {len(covered)}: {', '.join(covered)}")
+        if "error" in r:
+            print(f"error: {r['architecture']}: {r['error']}")
     return 0

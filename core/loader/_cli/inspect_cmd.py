@@ -72,7 +72,7 @@ def inspect_source(location: str, load_format: str = "auto", revision: str | Non
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    info = inspect_source(args.source, args.format, args.revision, args.model_impl)
+    info = inspect_source(args.source, args.load_format, args.revision, args.model_impl)
     if args.json:
         print_json(info)
         return 0

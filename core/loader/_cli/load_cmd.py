@@ -27,7 +27,7 @@ def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from .._pipeline.load import load_model_with_report
 
     return load_model_with_report(
-        args.source, dtype=args.dtype, device=args.device, load_format=args.format,
+        args.source, dtype=args.dtype, device=args.device, load_format=args.load_format,
         quantization=args.quantization, revision=args.revision, model_impl=args.model_impl,
         format_options=parse_format_options(args.format_options),
         progress=sys.stderr.isatty() and not args.json,
@@ -60,7 +60,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from .._generation import generate_greedy, tokenizer_for
 
     model, report = _load(args)
-    bundle = tokenizer_for(args.source, load_format=args.format, revision=args.revision)
+    bundle = tokenizer_for(args.source, load_format=args.load_format, revision=args.revision)
     result = generate_greedy(model, bundle, args.prompt, max_new_tokens=args.max_new_tokens, chat=args.chat,
                              system=args.system)
     if args.json:

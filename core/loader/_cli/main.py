@@ -2,89 +2,24 @@
 
 Bad input (any :class:`~loader.errors.LoadError`, or bad arguments) prints one
 ``error: ...`` line on stderr and exits with code 2; a traceback is shown only
-with ``--debug``.
+with ``--debug``. With ``--json`` the error is one JSON object on stdout
+(``{"error": ..., "type": ..., "exit_code": 2}``), so a script reading stdout
+gets JSON whether the command worked or not; the exit code is the same.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import json
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+
+from .parser import EXIT_USER_ERROR, CliParser, build_parser
+from .tp_launch import quiet_other_ranks, worker_exit
 
 __all__ = ["build_parser", "main"]
 
-EXIT_USER_ERROR = 2
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"error: {message} (see '{self.prog} --help')\n")
-        raise SystemExit(EXIT_USER_ERROR)
-
-
-def _positive_gigabytes(text: str) -> float:
-    """``--max-part-gb``: a finite number above zero (``nan`` and ``inf`` parse as floats, and must not)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of GB, found {text!r}")
-    return value
-
-
-def _add_load_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("source", help="local folder or file, Hub id (org/name), s3:// prefix, or .gguf file")
-    p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float16, float32 or auto")
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
-    p.add_argument("--format", default="auto", help="auto (default), dummy, or a format plugin's name")
-    p.add_argument("--quantization", default=None, help="quantize while loading with this method")
-    p.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit)")
-    p.add_argument("--format-option", dest="format_options", action="append", default=[], metavar="KEY=VALUE",
-                   help="an option for the format plugin (repeatable), e.g. concurrency=16 for runai_streamer")
-    p.add_argument("--model-impl", default="auto", dest="model_impl",
-                   help="auto (default: a native class, else the transformers fallback), native, or transformers")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="loader", description="Load LLM checkpoints into ready torch modules.")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    p = sub.add_parser("plugins", help="list installed plugins, their status and hooks")
-    p.add_argument("--json", action="store_true")
-    p = sub.add_parser("models", help="list registered architectures and their capabilities")
-    p.add_argument("--json", action="store_true")
-    p = sub.add_parser("inspect", help="describe a checkpoint without loading it")
-    p.add_argument("source")
-    p.add_argument("--format", default="auto")
-    p.add_argument("--revision", default=None)
-    p.add_argument("--model-impl", default="auto", dest="model_impl", help="auto (default), native or transformers")
-    p.add_argument("--json", action="store_true")
-    p = sub.add_parser("load", help="load a checkpoint, verify it and report speed and memory")
-    _add_load_args(p)
-    p = sub.add_parser("generate", help="load a checkpoint and generate text greedily")
-    _add_load_args(p)
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--chat", action="store_true", help="wrap the prompt in the checkpoint's chat template")
-    p.add_argument("--system", default=None, help="system message (with --chat)")
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p = sub.add_parser("save-sharded", help="write each tensor-parallel rank's state for fast reloads")
-    p.add_argument("source")
-    p.add_argument("out", help="output folder (created; must be empty)")
-    p.add_argument("--tp", type=int, required=True, help="tensor parallel size to cut for")
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--format", default="auto")
-    p.add_argument("--revision", default=None)
-    p.add_argument("--max-part-gb", type=_positive_gigabytes, default=5.0, help="largest part file (GB, default 5)")
-    p.add_argument("--json", action="store_true")
-    return parser
-
-
-def _dispatch(args: argparse.Namespace) -> int:
+def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     if args.command == "plugins":
         from .info import run_plugins
 
@@ -99,7 +34,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_inspect(args)
     if args.command == "load":
         from .load_cmd import run_load
+        from .tp_launch import launch_needed, launch_workers
 
+        if launch_needed(args.tensor_parallel_size):
+            return launch_workers(args.tensor_parallel_size, argv)
         return run_load(args)
     if args.command == "generate":
         from .load_cmd import run_generate
@@ -124,6 +62,10 @@ def _configure_logging(debug: bool) -> None:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     elif not root.handlers:
         root.addHandler(logging.NullHandler())
+        ours = logging.StreamHandler(sys.stderr)  # our own warnings (an architecture override) still show
+        ours.setFormatter(logging.Formatter("warning: %(message)s"))
+        ours.setLevel(logging.WARNING)
+        logging.getLogger("loader").addHandler(ours)
     logging.captureWarnings(not debug)
 
 
@@ -142,22 +84,36 @@ def _escape_unencodable_output() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``loader`` console script."""
+    _escape_unencodable_output()
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    CliParser.json_errors = "--json" in arguments
+    args = build_parser().parse_args(arguments)
+    _configure_logging(args.debug)
+    quiet_other_ranks()
+    return worker_exit(_run(args, arguments))
+
+
+def _run(args: argparse.Namespace, arguments: list[str]) -> int:
     from ..errors import LoadError
 
-    _escape_unencodable_output()
-    args = build_parser().parse_args(argv)
-    _configure_logging(args.debug)
     try:
-        return _dispatch(args)
+        return _dispatch(args, arguments)
     except LoadError as exc:
         if args.debug:
             raise
-        message = " ".join(str(exc).split())
-        sys.stderr.write(f"error: {message}\n")
-        return EXIT_USER_ERROR
+        return _report_error(" ".join(str(exc).split()), type(exc).__name__, EXIT_USER_ERROR,
+                             as_json=getattr(args, "json", False))
     except KeyboardInterrupt:
-        sys.stderr.write("error: interrupted\n")
-        return 130
+        return _report_error("interrupted", "KeyboardInterrupt", 130, as_json=getattr(args, "json", False))
+
+
+def _report_error(message: str, kind: str, code: int, *, as_json: bool) -> int:
+    """One line: ``error: ...`` on stderr, or with ``--json`` one JSON object on stdout; returns ``code``."""
+    if as_json:
+        sys.stdout.write(json.dumps({"error": message, "type": kind, "exit_code": code}) + "\n")
+    else:
+        sys.stderr.write(f"error: {message}\n")
+    return code
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ __all__ = ["run_save_sharded"]
 def run_save_sharded(args: argparse.Namespace) -> int:
     from .._sharded.save import save_sharded
 
-    saved = save_sharded(args.source, args.out, tp_size=args.tp, dtype=args.dtype, load_format=args.format,
+    saved = save_sharded(args.source, args.out, tp_size=args.tp, dtype=args.dtype, load_format=args.load_format,
                          max_part_bytes=int(args.max_part_gb * 1000**3), revision=args.revision)
     if args.json:
         print_json({"folder": saved.folder, "tp_size": saved.tp_size, "files": list(saved.files),

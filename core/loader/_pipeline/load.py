@@ -16,7 +16,6 @@ from __future__ import annotations
 import gc
 import logging
 import resource
-import sys
 import time
 import traceback
 from collections.abc import Iterable, Iterator, Mapping
@@ -40,6 +39,7 @@ from .by_name import load_by_name
 from .factory_dtype import factory_dtype
 from .materialize import materialize, parameter_bytes
 from .prepare import PreparedCheckpoint, prepare_checkpoint
+from .progress import checkpoint_size, with_progress
 from .verify import check_all_filled, reject_duplicates
 
 if TYPE_CHECKING:
@@ -184,22 +184,13 @@ def _counting(
         yield name, tensor
 
 
-def _with_progress(
-    stream: Iterator[tuple[str, CheckpointTensor]], enabled: bool
-) -> Iterator[tuple[str, CheckpointTensor]]:
-    if not enabled:
-        return stream
-    from tqdm import tqdm
-
-    return iter(tqdm(stream, desc="loading", unit="tensor", leave=False, file=sys.stderr))
-
-
 def _build(prepared: PreparedCheckpoint, options: LoadOptions, dtype: torch.dtype,
            host: PluginHost | None) -> tuple[ModelChoice, nn.Module, Any]:
     from .._registry import get_registry
 
     registry = get_registry(host)
-    choice = registry.choose(prepared.architectures, options.model_impl)
+    choice = registry.choose(prepared.architectures, options.model_impl, origin=prepared.config_origin(),
+                             host=host or current_session().plugin_host())
     arch, cls = choice.architecture, registry.load_class(choice.entry.architecture)
     if choice.fallback_reason is not None:
         log.warning("%s: loading %s through the %s fallback (%s); some features may be missing and it may be "
@@ -305,7 +296,7 @@ def _build_and_fill(prepared: PreparedCheckpoint, options: LoadOptions, progress
     if quant_config is not None and not weight_format.parameter_names:
         stream = _blamed_stream(quant_config.wrap_weights(stream),
                                 f"quantization {quant_config.name!r} failed in wrap_weights")
-    stream = _with_progress(_counting(stream, totals), progress)
+    stream = with_progress(_counting(stream, totals), progress, checkpoint_size(weight_format.files))
     if weight_format.parameter_names:
         with torch.no_grad(), background_population():
             loaded = load_by_name(model, stream)

@@ -39,6 +39,12 @@ class PreparedCheckpoint:
     weight_format: WeightFormat
     hf_config: Mapping[str, Any]
 
+    def config_origin(self) -> str:
+        """Where the configuration came from, for messages: a GGUF file's metadata, not ``config.json``."""
+        if self.weight_format.name == "gguf" and self.weight_format.files:
+            return f"GGUF file {Path(self.weight_format.files[0]).name} (metadata general.architecture):"
+        return "config.json"
+
     @property
     def architectures(self) -> list[str]:
         archs = self.hf_config.get("architectures")

@@ -3,7 +3,11 @@
 Imports each class, reads its :class:`~loader._registry.ModelInfo`
 and prints one JSON object on stdout::
 
-    {"infos": {"Arch": {...}}, "errors": {"OtherArch": "ImportError: ..."}}
+    {"infos": {"Arch": {...}}, "errors": {"OtherArch": "ImportError: ..."},
+     "packages": {"Arch": ["loader", "loader_plugin_llama"]}}
+
+``packages`` lists the top-level packages of every class in each class's MRO,
+so the parent's cache entry is invalidated when a base class's package changes.
 
 A class that fails to import is reported under ``errors`` and the others are
 still answered. Whatever the model modules print while importing (Python or C
@@ -21,6 +25,7 @@ from typing import Any
 
 from .capabilities import inspect_model_class
 from .entry import import_class
+from .fingerprint import mro_packages
 
 __all__ = ["main", "probe_classes"]
 
@@ -31,12 +36,15 @@ def probe_classes(specs: Sequence[tuple[str, str]]) -> dict[str, Any]:
     """Import and inspect each ``(architecture, class_path)``; one failure does not stop the others."""
     infos: dict[str, Any] = {}
     errors: dict[str, str] = {}
+    packages: dict[str, list[str]] = {}
     for architecture, class_path in specs:
         try:
-            infos[architecture] = inspect_model_class(architecture, import_class(class_path)).to_json()
+            cls = import_class(class_path)
+            infos[architecture] = inspect_model_class(architecture, cls).to_json()
+            packages[architecture] = mro_packages(cls)
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported to the parent by name
             errors[architecture] = f"{type(exc).__name__}: {exc}"
-    return {"infos": infos, "errors": errors}
+    return {"infos": infos, "errors": errors, "packages": packages}
 
 
 def _parse(args: Sequence[str]) -> list[tuple[str, str]] | None:

@@ -8,6 +8,11 @@ processes probing at once both leave a valid file (the last one wins; they
 hold the same answer). A file that cannot be parsed or does not match its key
 is ignored, and the next store rewrites it. The cache is an optimisation: a
 folder that cannot be written only costs a probe next time.
+
+An entry also records the source fingerprint of every package in the class's
+MRO (a base class from another plugin); a changed one makes the entry stale.
+Storing an architecture's entry removes its other, stale entries, so the
+folder holds one file per architecture instead of one per edit ever made.
 """
 
 from __future__ import annotations
@@ -18,16 +23,18 @@ import logging
 import os
 import re
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 import attrs
 
 from .capabilities import ModelInfo, ModelInfoError
 from .entry import RegisteredModel
+from .fingerprint import source_fingerprint
 
 __all__ = ["CACHE_FORMAT", "ProbeCache", "default_cache_dir"]
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 log = logging.getLogger(__name__)
 
@@ -49,8 +56,7 @@ class ProbeCache:
     directory: Path = attrs.field(factory=default_cache_dir)
 
     def path_for(self, entry: RegisteredModel, key: str) -> Path:
-        safe = _UNSAFE.sub("_", entry.architecture)[:80]
-        return self.directory / f"{safe}-{key[:40]}.json"
+        return self.directory / f"{_safe_name(entry)}-{key[:40]}.json"
 
     def load(self, entry: RegisteredModel, key: str) -> ModelInfo | None:
         """The cached info, or ``None`` if absent, unreadable, corrupt or for another key."""
@@ -69,18 +75,28 @@ class ProbeCache:
             ):
                 raise ModelInfoError("written for another key or format")
             info = ModelInfo.from_json(data.get("info"))
+            stored = data.get("packages", {})
+            if not isinstance(stored, dict):
+                raise ModelInfoError("packages must be an object")
         except (ValueError, TypeError) as exc:  # json.JSONDecodeError and ModelInfoError are ValueErrors
             log.debug("ignoring corrupt model-info cache file %s: %s", path, exc)
             return None
         if info.architecture != entry.architecture:
             return None
+        if any(source_fingerprint(package) != digest for package, digest in stored.items()):
+            log.debug("model-info cache file %s is stale: a package of the class's MRO changed", path)
+            return None
         return info
 
-    def store(self, entry: RegisteredModel, key: str, info: ModelInfo) -> None:
-        """Write atomically (temporary file, then ``os.replace``); failures are logged, not raised."""
+    def store(self, entry: RegisteredModel, key: str, info: ModelInfo, packages: Iterable[str] = ()) -> None:
+        """Write atomically (temporary file, then ``os.replace``), then prune; failures are logged, not raised.
+
+        ``packages`` are the top-level packages of the class's MRO; their fingerprints are stored with it.
+        """
         path = self.path_for(entry, key)
+        digests = {p: digest for p in sorted(set(packages)) if (digest := source_fingerprint(p)) is not None}
         payload = {"format": CACHE_FORMAT, "key": key, "architecture": entry.architecture,
-                   "class_path": entry.class_path, "info": info.to_json()}
+                   "class_path": entry.class_path, "packages": digests, "info": info.to_json()}
         tmp: str | None = None
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -89,9 +105,22 @@ class ProbeCache:
                 json.dump(payload, handle, indent=1, sort_keys=True)
             os.replace(tmp, path)
             tmp = None
+            self._prune(entry, keep=path)
         except OSError as exc:
             log.debug("cannot write model-info cache file %s: %s", path, exc)
         finally:
             if tmp is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
+
+    def _prune(self, entry: RegisteredModel, keep: Path) -> None:
+        """Remove ``entry``'s architecture's other entries: written under keys that no longer apply."""
+        pattern = re.compile(re.escape(_safe_name(entry)) + r"-[0-9a-f]{40}\.json")
+        for other in self.directory.iterdir():
+            if other != keep and pattern.fullmatch(other.name):
+                with contextlib.suppress(OSError):
+                    other.unlink()
+
+
+def _safe_name(entry: RegisteredModel) -> str:
+    return _UNSAFE.sub("_", entry.architecture)[:80]

@@ -1,7 +1,9 @@
 """Cache keys for probed model info: what, if it changed, would change the answer.
 
 A probe result depends on the model class's source (its whole top-level
-package, since a model module imports its siblings), on the code that reads
+package, since a model module imports its siblings), on the packages of every
+other class in its MRO (a base class from another plugin: :func:`mro_packages`,
+recorded by the probe and checked when the cache is read), on the code that reads
 the class (``loader._interfaces`` and the probe itself) and on the versions of
 Python, torch and loader-core. Sources are fingerprinted by ``(path, size,
 mtime_ns)`` of every ``.py`` file, found with ``importlib.util.find_spec`` on the
@@ -24,8 +26,8 @@ from pathlib import Path
 
 from .entry import RegisteredModel
 
-__all__ = ["cache_key", "environment_fingerprint", "package_source_files", "requirements_fingerprint",
-           "source_fingerprint"]
+__all__ = ["cache_key", "environment_fingerprint", "mro_packages", "package_source_files", "probe_sources",
+           "requirements_fingerprint", "source_fingerprint"]
 
 _SKIP_DIRS = {"__pycache__", ".git", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
 
@@ -99,17 +101,34 @@ def requirements_fingerprint(distribution: str) -> str | None:
     return hashlib.sha256(listed.encode()).hexdigest()
 
 
+_VERSION_KEYED = frozenset({"builtins", "torch"})
+"""Packages the environment fingerprint already keys by version (walking torch's files would cost ~0.1 s)."""
+
+
+def mro_packages(cls: type) -> list[str]:
+    """Top-level packages of every class in ``cls``'s MRO whose sources can change its info.
+
+    The standard library and version-keyed packages (torch) are left out.
+    """
+    names = {klass.__module__.partition(".")[0] for klass in cls.__mro__}
+    return sorted(n for n in names if n not in _VERSION_KEYED and n not in sys.stdlib_module_names)
+
+
+def probe_sources() -> list[Path]:
+    """The core's files that compute a model's info: a change to any of them changes every answer."""
+    here = Path(__file__).resolve().parent
+    return [here / "capabilities.py", here / "__main__.py", here.parent / "_interfaces.py"]
+
+
 @functools.cache
 def environment_fingerprint() -> str:
     """Python, torch and loader-core versions plus the sources that compute the info (once per process)."""
-    here = Path(__file__).resolve().parent
-    probe_sources = [here / "capabilities.py", here / "__main__.py", here.parent / "interfaces.py"]
     parts = {
         "python": sys.version,
         "executable": sys.executable,
         "torch": _distribution_version("torch"),
         "loader-core": _distribution_version("loader-core"),
-        "probe-sources": _stat_digest(str(p) for p in probe_sources),
+        "probe-sources": _stat_digest(str(p) for p in probe_sources()),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 

@@ -121,8 +121,12 @@ def _stderr_tail(stderr: str | bytes | None) -> str:
     return f"; stderr: ...{tail}" if tail else "; stderr was empty"
 
 
-def probe_in_child(entries: Sequence[RegisteredModel]) -> dict[str, ProbeOutcome]:
-    """Probe all ``entries`` in one child; every entry gets an info or a :class:`PluginError`."""
+def probe_in_child(entries: Sequence[RegisteredModel],
+                   packages: dict[str, list[str]] | None = None) -> dict[str, ProbeOutcome]:
+    """Probe all ``entries`` in one child; every entry gets an info or a :class:`PluginError`.
+
+    ``packages``, when given, receives each answered architecture's MRO packages (for the cache).
+    """
     if not entries:
         return {}
     timeout = probe_timeout()
@@ -135,17 +139,18 @@ def probe_in_child(entries: Sequence[RegisteredModel]) -> dict[str, ProbeOutcome
         failure = PluginError(
             f"{what} did not finish within {timeout:g} s (LOADER_PROBE_TIMEOUT){_stderr_tail(exc.stderr)}"
         )
-        return _each_alone(entries, failure)
+        return _each_alone(entries, failure, packages)
     except OSError as exc:
         failure = PluginError(f"{what} could not start {command[0]}: {exc}")
         return {e.architecture: failure for e in entries}
     if done.returncode != 0:
         failure = PluginError(f"{what} failed with exit status {done.returncode}{_stderr_tail(done.stderr)}")
-        return _each_alone(entries, failure)
-    return _read_answer(entries, done.stdout, done.stderr, what)
+        return _each_alone(entries, failure, packages)
+    return _read_answer(entries, done.stdout, done.stderr, what, packages)
 
 
-def _each_alone(entries: Sequence[RegisteredModel], failure: PluginError) -> dict[str, ProbeOutcome]:
+def _each_alone(entries: Sequence[RegisteredModel], failure: PluginError,
+                packages: dict[str, list[str]] | None) -> dict[str, ProbeOutcome]:
     """A child that crashed or hung took every entry with it: probe each alone, so only the culprit fails.
 
     Costs one child per entry, and a second timeout for a hanging one, only after a failure.
@@ -154,12 +159,12 @@ def _each_alone(entries: Sequence[RegisteredModel], failure: PluginError) -> dic
         return {entries[0].architecture: failure}
     outcomes: dict[str, ProbeOutcome] = {}
     for entry in entries:
-        outcomes.update(probe_in_child([entry]))
+        outcomes.update(probe_in_child([entry], packages))
     return outcomes
 
 
 def _read_answer(entries: Sequence[RegisteredModel], stdout: str, stderr: str,
-                 what: str) -> dict[str, ProbeOutcome]:
+                 what: str, packages: dict[str, list[str]] | None = None) -> dict[str, ProbeOutcome]:
     try:
         answer = json.loads(stdout)
         infos, errors = answer["infos"], answer["errors"]
@@ -183,6 +188,9 @@ def _read_answer(entries: Sequence[RegisteredModel], stdout: str, stderr: str,
                 if info.architecture != arch:
                     raise ModelInfoError(f"answered for architecture {info.architecture!r}")
                 outcomes[arch] = info
+                listed = answer.get("packages", {}).get(arch) if isinstance(answer.get("packages"), dict) else None
+                if packages is not None and isinstance(listed, list):
+                    packages[arch] = [p for p in listed if isinstance(p, str)]
             except (ModelInfoError, TypeError) as exc:
                 outcomes[arch] = PluginError(f"{prefix}: the probe child answered malformed info: {exc}")
         else:

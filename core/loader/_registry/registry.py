@@ -2,7 +2,7 @@
 
 Plugins register through ``loader_register_architectures(register)`` with
 ``register("Arch", "package.module:Class")``. :class:`ModelRegistry` collects
-those (rejecting a name registered twice, naming both plugins), imports a class
+those, imports a class
 only when a load needs it (:meth:`ModelRegistry.resolve`), and answers
 :meth:`ModelRegistry.model_info` from memory, the disk cache, or one probe
 child for everything still unknown, never by importing a model module here.
@@ -12,19 +12,29 @@ transformers plugin's): :meth:`ModelRegistry.choose` hands it the
 architectures no plugin registers, or every architecture when the load asks
 for ``model_impl="transformers"`` (vLLM's ``--model-impl``); native classes
 always win otherwise.
+
+A name registered twice (two plugins both claiming ``LlamaForCausalLM``) is a
+conflict of that architecture only: loading it, or asking what it can do,
+raises a :class:`PluginError` naming both plugins, while every other
+architecture stays loadable (refusing the whole registry would let one stray
+plugin break every load). ``LOADER_OVERRIDE_ARCHITECTURES=Arch,...`` (or
+``*``) lets the later registration win, with a warning, as vLLM lets an
+out-of-tree model replace a built-in one.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
 
 from ..errors import PluginError, UnknownArchitectureError
-from ..options import check_model_impl
+from .._options import check_model_impl
 from .cache import ProbeCache
 from .capabilities import ModelInfo
 from .entry import RegisteredModel, check_class_path
@@ -34,8 +44,19 @@ from .probe import ProbeOutcome, probe_in_child, probe_in_process, wants_in_proc
 if TYPE_CHECKING:
     from .._plugins import PluginHost
 
-__all__ = ["ModelChoice", "ModelRegistry", "get_registry", "model_info"]
+__all__ = ["OVERRIDE_ENV", "ModelChoice", "ModelRegistry", "get_registry", "model_info", "override_setting"]
 
+OVERRIDE_ENV = "LOADER_OVERRIDE_ARCHITECTURES"
+log = logging.getLogger(__name__)
+
+
+def override_setting(environ: Mapping[str, str] | None = None) -> frozenset[str]:
+    """Architectures whose later registration replaces an earlier one: ``LOADER_OVERRIDE_ARCHITECTURES``.
+
+    Comma-separated names, or ``*`` for every architecture; unset or empty overrides nothing.
+    """
+    env = os.environ if environ is None else environ
+    return frozenset(part.strip() for part in env.get(OVERRIDE_ENV, "").split(",") if part.strip())
 
 @attrs.frozen
 class ModelChoice:
@@ -60,6 +81,8 @@ class ModelRegistry:
     """Registered architectures of one plugin host, their classes once loaded, their probed info."""
 
     cache: ProbeCache = attrs.field(factory=ProbeCache)
+    overrides: frozenset[str] = attrs.field(factory=override_setting)
+    _conflicts: dict[str, tuple[RegisteredModel, ...]] = attrs.field(factory=dict, init=False)
     _entries: dict[str, RegisteredModel] = attrs.field(factory=dict, init=False)
     _fallback: RegisteredModel | None = attrs.field(default=None, init=False)
     _fallback_distribution: str | None = attrs.field(default=None, init=False)
@@ -74,7 +97,7 @@ class ModelRegistry:
         from .._session import current_session
 
         host = host if host is not None else current_session().plugin_host()
-        registry = cls() if cache is None else cls(cache=cache)
+        registry = cls() if cache is None else cls(cache=cache, overrides=override_setting())
         register_architectures(registry.callback_for, host)
         if registry._fallback is not None:  # its probed info is cached under its requirements' versions too
             record = host.records.get(registry._fallback.plugin)
@@ -93,7 +116,15 @@ class ModelRegistry:
 
     def register(self, architecture: str, class_path: str, *, plugin: str,
                  fallback: bool = False) -> RegisteredModel:
-        """Add one architecture; a name already taken, or a second fallback, is a :class:`PluginError`."""
+        """Add one architecture; a second fallback is a :class:`PluginError`.
+
+        A name already taken becomes a conflict of that architecture (see
+        :meth:`conflict_error`), unless the override setting names it: then
+        the registration already made wins, with a warning. Registrations
+        arrive in pluggy's order (the plugin registered last is asked first,
+        as for every hook), so the winner is the plugin installed or
+        registered later, or the one marked ``tryfirst``.
+        """
         if not isinstance(architecture, str) or not architecture.strip():
             raise PluginError(
                 f"plugin {plugin!r} registered architecture {architecture!r}; expected a non-empty name "
@@ -106,11 +137,16 @@ class ModelRegistry:
         entry = RegisteredModel(architecture=architecture, plugin=plugin, class_path=class_path, fallback=fallback)
         with self._lock:
             taken = self._entries.get(architecture)
-            if taken is not None:
-                raise PluginError(
-                    f"architecture {architecture!r} is registered twice: by plugin {taken.plugin!r} "
-                    f"({taken.class_path}) and by plugin {plugin!r} ({class_path})"
+            if taken is not None and (architecture in self.overrides or "*" in self.overrides):
+                # pluggy asks the plugin registered last first, so the one already here is the later plugin
+                log.warning(
+                    "architecture %r: plugin %r (%s) overrides plugin %r (%s) because %s names it",
+                    architecture, taken.plugin, taken.class_path, plugin, class_path, OVERRIDE_ENV,
                 )
+                return taken
+            if taken is not None:
+                self._conflicts[architecture] = (*self._conflicts.get(architecture, (taken,)), entry)
+                return entry
             if fallback and self._fallback is not None:
                 raise PluginError(
                     f"two fallbacks are registered: {self._fallback.architecture!r} by plugin "
@@ -124,15 +160,36 @@ class ModelRegistry:
     # --- lookup -----------------------------------------------------------------------
 
     def architectures(self) -> list[str]:
-        """Registered architecture names, sorted."""
+        """Registered architecture names, sorted (those in conflict too)."""
         return sorted(self._entries)
 
     def entries(self) -> list[RegisteredModel]:
-        """Registrations, sorted by architecture."""
+        """Registrations, sorted by architecture (an architecture in conflict: its first registration)."""
         return [self._entries[name] for name in self.architectures()]
 
+    def conflicts(self) -> dict[str, PluginError]:
+        """Each architecture registered more than once (and not overridden), with the error it loads with."""
+        return {name: self.conflict_error(name) for name in sorted(self._conflicts)}
+
+    def conflicting_plugins(self, architecture: str) -> tuple[str, ...]:
+        """The plugins that registered ``architecture`` (empty unless it is in conflict)."""
+        return tuple(entry.plugin for entry in self._conflicts.get(architecture, ()))
+
+    def conflict_error(self, architecture: str) -> PluginError:
+        """Why ``architecture`` cannot be used: every plugin that registered it, and the way out."""
+        claims = " and ".join(f"plugin {e.plugin!r} ({e.class_path})" for e in self._conflicts[architecture])
+        return PluginError(
+            f"architecture {architecture!r} is registered by {claims}; disable one "
+            f"(LOADER_DISABLE_PLUGINS) or set {OVERRIDE_ENV}={architecture} to let the later one win"
+        )
+
     def entry(self, architecture: str) -> RegisteredModel:
-        """The registration of ``architecture``; :class:`UnknownArchitectureError` if there is none."""
+        """The registration of ``architecture``; :class:`UnknownArchitectureError` if there is none.
+
+        An architecture in conflict raises its :meth:`conflict_error`.
+        """
+        if architecture in self._conflicts:
+            raise self.conflict_error(architecture)
         try:
             return self._entries[architecture]
         except KeyError:
@@ -159,26 +216,32 @@ class ModelRegistry:
                 cls = self._classes[architecture] = entry.load_class()
         return cls
 
-    def choose(self, architectures: Sequence[str], model_impl: str = "auto") -> ModelChoice:
+    def choose(self, architectures: Sequence[str], model_impl: str = "auto", *, origin: str = "config.json",
+               host: PluginHost | None = None) -> ModelChoice:
         """Which registration serves a config's ``architectures``; nothing is imported.
 
         ``model_impl`` is ``"auto"`` (the first natively registered
         architecture, else the fallback), ``"native"`` (never the fallback) or
-        ``"transformers"`` (always the fallback).
+        ``"transformers"`` (always the fallback). ``origin`` says where the
+        names came from in messages (a GGUF file's metadata, not
+        ``config.json``); ``host`` lets a miss name the plugin distribution to
+        install, or say that it is installed but disabled.
         """
+        from .._known_plugins import missing_plugin_hint
+
         model_impl = check_model_impl(model_impl)
         if isinstance(architectures, str):
             architectures = [architectures]
         if not architectures:
             raise UnknownArchitectureError(
-                f"config.json lists no architectures; expected one of: {self._known()}"
+                f"{origin} lists no architectures; expected one of: {self._known()}"
             )
         fallback = self._fallback
         if model_impl == "transformers":
             if fallback is None:
                 raise UnknownArchitectureError(
                     f"model_impl='transformers' asked for {architectures[0]!r}, but no installed plugin registers "
-                    "a fallback (pip install loader-plugin-transformers)"
+                    "a fallback; loader-plugin-transformers provides it: pip install loader-plugin-transformers"
                 )
             return ModelChoice(architectures[0], fallback, "model_impl='transformers' was asked for")
         native = [name for name in architectures if name in self._entries and not self._entries[name].fallback]
@@ -188,14 +251,16 @@ class ModelRegistry:
             return ModelChoice(architectures[0], fallback,
                                f"no installed plugin registers {', '.join(architectures)} natively")
         ruled_out = " (model_impl='native' rules out the fallback)" if fallback is not None else ""
+        hint = missing_plugin_hint("architecture", architectures[0], host)
         raise UnknownArchitectureError(
-            f"config.json architectures {list(architectures)!r}: none is registered by an installed plugin"
-            f"{ruled_out}; known: {self._known()}"
+            f"{origin} architectures {list(architectures)!r}: none is registered by an installed plugin"
+            f"{ruled_out}; known: {self._known()}{hint}"
         )
 
-    def resolve(self, architectures: Sequence[str], model_impl: str = "auto") -> tuple[str, type]:
+    def resolve(self, architectures: Sequence[str], model_impl: str = "auto", *, origin: str = "config.json",
+                host: PluginHost | None = None) -> tuple[str, type]:
         """The architecture :meth:`choose` picks, with the class that serves it imported."""
-        choice = self.choose(architectures, model_impl)
+        choice = self.choose(architectures, model_impl, origin=origin, host=host)
         return choice.architecture, self.load_class(choice.entry.architecture)
 
     # --- capabilities -----------------------------------------------------------------
@@ -220,8 +285,8 @@ class ModelRegistry:
     def model_infos_or_errors(self, architectures: Iterable[str] | None = None) -> dict[str, ProbeOutcome]:
         """Like :meth:`model_infos`, but a failed probe is returned as its error (for listings)."""
         names = self.architectures() if architectures is None else list(architectures)
-        entries = [self.entry(name) for name in names]
-        outcomes: dict[str, ProbeOutcome] = {}
+        outcomes: dict[str, ProbeOutcome] = {n: self.conflict_error(n) for n in names if n in self._conflicts}
+        entries = [self.entry(name) for name in names if name not in outcomes]
         pending: list[RegisteredModel] = []
         in_process = wants_in_process_probe()
         with self._lock:
@@ -235,14 +300,15 @@ class ModelRegistry:
                     pending.append(entry)
             to_probe = self._read_cache(pending, outcomes)
             if to_probe:
-                probed = probe_in_child([entry for entry, _ in to_probe])
+                packages: dict[str, list[str]] = {}
+                probed = probe_in_child([entry for entry, _ in to_probe], packages)
                 for entry, key in to_probe:
                     outcome = probed[entry.architecture]
                     outcomes[entry.architecture] = outcome
                     if isinstance(outcome, ModelInfo):
                         self._infos[entry.architecture] = outcome
                         if key is not None:
-                            self.cache.store(entry, key, outcome)
+                            self.cache.store(entry, key, outcome, packages.get(entry.architecture, ()))
         return {name: outcomes[name] for name in names}
 
     def _probe_here(self, entry: RegisteredModel) -> ProbeOutcome:

@@ -16,7 +16,9 @@ from ..checkpoint import Source
 from ..errors import SourceNotFoundError
 from ..hookspecs import hookimpl
 
-__all__ = ["looks_like_hub_id", "loader_resolve_source"]
+__all__ = ["looks_like_hub_id", "looks_like_path", "loader_resolve_source"]
+
+_PATH_SUFFIXES = (".gguf", ".safetensors", ".bin", ".pt", ".pth", ".json")
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
@@ -24,6 +26,15 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?
 def looks_like_hub_id(location: str) -> bool:
     """``org/name`` (or a bare ``name``) with only the characters the Hub allows."""
     return bool(_HUB_ID.match(location)) and ".." not in location and not location.endswith(".gguf")
+
+
+def looks_like_path(location: str) -> bool:
+    """Whether ``location`` can only mean a local path: ``/``, ``.``, ``~`` first, a backslash, more than one
+    ``/``, or a checkpoint file's suffix. Such a location that does not exist is a missing path; asking the
+    Hub for it would only add a confusing network error.
+    """
+    return (location.startswith(("/", ".", "~")) or "\\" in location or location.count("/") > 1
+            or location.lower().endswith(_PATH_SUFFIXES))
 
 
 def _exists_and_is_readable(path: Path) -> bool:
@@ -71,8 +82,10 @@ def loader_resolve_source(location: str, options: LoadOptions) -> Source | None:
     path = Path(location).expanduser()
     if _exists_and_is_readable(path):
         return Source(location=location, path=_resolved_keeping_file_name(path), revision=options.revision)
-    if "://" in location or location.startswith(("/", ".", "~")):
+    if "://" in location:
         return None
+    if looks_like_path(location):
+        raise SourceNotFoundError(f"{location}: no such file or directory")
     if looks_like_hub_id(location):
         from .hub import download_snapshot
 
