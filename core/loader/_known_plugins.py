@@ -49,10 +49,10 @@ KNOWN_PLUGINS: tuple[KnownPlugin, ...] = (
     KnownPlugin("safetensors", formats=("safetensors", "pt")),
     KnownPlugin("gguf", formats=("gguf",)),
     KnownPlugin("bnb", quantization=("bitsandbytes",)),
-    KnownPlugin("marlin", quantization=("gptq", "awq", "compressed-tensors", "gptq_marlin", "awq_marlin")),
-    KnownPlugin("runai", formats=("runai_streamer", "runai_streamer_sharded"), schemes=("s3", "gs")),
+    KnownPlugin("marlin", quantization=("gptq", "awq", "compressed-tensors")),
+    KnownPlugin("runai", formats=("runai_streamer", "runai_streamer_sharded"), schemes=("s3",)),
     KnownPlugin("llama", architectures=("LlamaForCausalLM",)),
-    KnownPlugin("mistral", formats=("mistral",), architectures=("MistralForCausalLM",)),
+    KnownPlugin("mistral", architectures=("MistralForCausalLM",)),
     KnownPlugin("qwen", architectures=("Qwen2ForCausalLM", "Qwen3ForCausalLM")),
     KnownPlugin("transformers"),
 )

@@ -115,10 +115,17 @@ def test_json_errors_are_json_on_stdout_with_the_exit_code(tmp_path: Path) -> No
     assert json.loads(result.stdout)["type"] == "UsageError"
 
 
-def test_help_names_no_uri_scheme_no_plugin_provides() -> None:
+def test_help_names_the_uri_schemes_installed_plugins_provide(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    from loader._cli.parser import source_help
+
     result = run_cli("load", "--help")
-    assert result.returncode == 0
-    assert "s3://" not in result.stdout and "--load-format" in result.stdout
+    assert result.returncode == 0 and "--load-format" in result.stdout
+    installed = {ep.name for ep in importlib.metadata.entry_points(group="loader.plugins")}
+    assert ("s3://" in result.stdout) == ("runai" in installed)
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [])
+    assert "://" not in source_help()  # no plugin provides a scheme: none is offered
 
 
 @pytest.mark.torchrun

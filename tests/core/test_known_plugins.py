@@ -20,7 +20,6 @@ from loader.hookspecs import hookimpl
     ("quantization", "awq", "loader-plugin-marlin"),
     ("quantization", "compressed-tensors", "loader-plugin-marlin"),
     ("scheme", "s3", "loader-plugin-runai"),
-    ("scheme", "gs", "loader-plugin-runai"),
     ("architecture", "LlamaForCausalLM", "loader-plugin-llama"),
     ("architecture", "MistralForCausalLM", "loader-plugin-mistral"),
     ("architecture", "Qwen3ForCausalLM", "loader-plugin-qwen"),

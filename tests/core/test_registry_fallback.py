@@ -72,8 +72,9 @@ def test_unknown_model_impl_is_named(registry):
 def test_transformers_without_a_fallback_says_what_to_install():
     host = create_plugin_host(load_entry_points=False)
     host.register(Registers(LlamaForCausalLM="native_pkg.model:Llama"), "native")
-    with pytest.raises(UnknownArchitectureError, match=r"no installed plugin registers a fallback \(pip install "
-                                                       r"loader-plugin-transformers\)"):
+    with pytest.raises(UnknownArchitectureError, match=r"no installed plugin registers a fallback; "
+                                                       r"loader-plugin-transformers provides it: "
+                                                       r"pip install loader-plugin-transformers$"):
         ModelRegistry.from_host(host).choose(["LlamaForCausalLM"], "transformers")
 
 
@@ -81,7 +82,7 @@ def test_without_a_fallback_unknown_architectures_fail_as_before():
     host = create_plugin_host(load_entry_points=False)
     host.register(Registers(LlamaForCausalLM="native_pkg.model:Llama"), "native")
     with pytest.raises(UnknownArchitectureError, match=r"none is registered by an installed plugin; known: "
-                                                       r"LlamaForCausalLM$"):
+                                                       r"LlamaForCausalLM; loader-plugin-transformers .* provides it"):
         ModelRegistry.from_host(host).choose(["GPT2LMHeadModel"])
 
 
@@ -125,7 +126,7 @@ def test_malformed_fallback_architectures_are_reported():
 def test_fallback_info_is_never_read_from_the_disk_cache(registry, monkeypatch):
     probed = []
 
-    def fake_probe(entries):
+    def fake_probe(entries, packages=None):
         probed.extend(e.architecture for e in entries)
         return {e.architecture: ModelInfo(e.architecture) for e in entries}
 

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from ..errors import PluginError, UnknownArchitectureError
 from .._options import check_model_impl
+from ..errors import PluginError, UnknownArchitectureError
 from .cache import ProbeCache
 from .capabilities import ModelInfo
 from .entry import RegisteredModel, check_class_path
@@ -251,7 +251,7 @@ class ModelRegistry:
             return ModelChoice(architectures[0], fallback,
                                f"no installed plugin registers {', '.join(architectures)} natively")
         ruled_out = " (model_impl='native' rules out the fallback)" if fallback is not None else ""
-        hint = missing_plugin_hint("architecture", architectures[0], host)
+        hint = "" if ruled_out else missing_plugin_hint("architecture", architectures[0], host)
         raise UnknownArchitectureError(
             f"{origin} architectures {list(architectures)!r}: none is registered by an installed plugin"
             f"{ruled_out}; known: {self._known()}{hint}"
