@@ -55,9 +55,9 @@ def _host(host: PluginHost | None) -> PluginHost:
     """``host`` if given, else the load session's (the process-wide one outside a load)."""
     if host is not None:
         return host
-    from ._session import current_session
+    from ._session import current_plugin_host
 
-    return current_session().plugin_host()
+    return current_plugin_host()
 
 
 @attrs.frozen

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from ._plugins import PluginHost
 
-__all__ = ["LoadSession", "current_session", "load_session"]
+__all__ = ["LoadSession", "current_plugin_host", "current_session", "load_session"]
 
 
 @attrs.frozen
@@ -75,6 +75,20 @@ def current_session() -> LoadSession:
     """The session of the load in progress in this thread (or task); the default one outside a load."""
     session = _CURRENT.get()
     return session if session is not None else _default_session()
+
+
+def current_plugin_host() -> PluginHost:
+    """The plugin host of the load in progress, else the process-wide one.
+
+    Unlike ``current_session().plugin_host()`` this builds no default session,
+    so it imports no torch: ``loader plugins`` and ``loader models`` stay light.
+    """
+    session = _CURRENT.get()
+    if session is not None:
+        return session.plugin_host()
+    from ._plugins import get_plugin_host
+
+    return get_plugin_host()
 
 
 @contextmanager

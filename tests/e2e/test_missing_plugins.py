@@ -51,7 +51,8 @@ def test_qwen_gguf_without_the_qwen_plugin_talks_about_the_gguf_file(tmp_path):
     from tests.helpers.gguf_files import write_gguf
 
     path = write_gguf(tmp_path / "model.gguf", build_model("qwen2", tiny_config("qwen2", vocab_size=288)), "qwen2")
-    host = create_plugin_host(environ={"LOADER_DISABLE_PLUGINS": "qwen"})
+    # the transformers fallback would serve Qwen2 itself: block it too, as a user without it would be
+    host = create_plugin_host(environ={"LOADER_DISABLE_PLUGINS": "qwen,transformers"})
     with pytest.raises(UnknownArchitectureError) as err:
         loader.load_model(str(path), host=host)
     message = str(err.value)

@@ -93,8 +93,9 @@ def test_lone_surrogate_in_an_architecture_name_is_printed_escaped(tmp_path: Pat
     write_llama_checkpoint(model, shards=1)
     write_config(model, {**TINY_LLAMA, "architectures": ["Llama\udc80"]})
     with strict_stdio() as (stdout, stderr):
-        assert main(["inspect", str(model)]) == 0
-        assert main(["load", str(model)]) == 2
+        # --model-impl native: the transformers fallback, when installed, would otherwise take the name
+        assert main(["inspect", str(model), "--model-impl", "native"]) == 0
+        assert main(["load", str(model), "--model-impl", "native"]) == 2
     out, err = _written(stdout), _written(stderr)
     assert "none installed for Llama\\udc80" in out
     assert _assert_one_line_error(err).startswith("config.json architectures ['Llama\\udc80']")

@@ -11,9 +11,9 @@ __all__ = ["run_models", "run_plugins"]
 
 def run_plugins(args: argparse.Namespace) -> int:
     from .._registry import get_registry
-    from .._session import current_session
+    from .._session import current_plugin_host
 
-    host = current_session().plugin_host()  # the process-wide host, unless a caller set another
+    host = current_plugin_host()  # the process-wide host, unless a caller set another
     records = host.plugin_records()
     registry = get_registry(host)
     conflicts = registry.conflicts()

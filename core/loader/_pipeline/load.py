@@ -31,7 +31,7 @@ from .._context import ModelContext
 from .._mapped_parameters import background_population
 from .._options import LoadOptions, check_model_impl, parse_dtype
 from .._plugins import PluginHost
-from .._session import LoadSession, current_session, load_session
+from .._session import LoadSession, current_plugin_host, current_session, load_session
 from ..errors import ConfigError, LoadError, PluginError, UnsupportedError
 from ..weights import CheckpointTensor, ReadStats
 from .budget import check_fits
@@ -190,7 +190,7 @@ def _build(prepared: PreparedCheckpoint, options: LoadOptions, dtype: torch.dtyp
 
     registry = get_registry(host)
     choice = registry.choose(prepared.architectures, options.model_impl, origin=prepared.config_origin(),
-                             host=host or current_session().plugin_host())
+                             host=host or current_plugin_host())
     arch, cls = choice.architecture, registry.load_class(choice.entry.architecture)
     if choice.fallback_reason is not None:
         log.warning("%s: loading %s through the %s fallback (%s); some features may be missing and it may be "

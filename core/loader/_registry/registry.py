@@ -94,9 +94,9 @@ class ModelRegistry:
     def from_host(cls, host: PluginHost | None = None, *, cache: ProbeCache | None = None) -> ModelRegistry:
         """Ask every plugin of ``host`` (default: the process-wide host) to register its architectures."""
         from .._hooks import register_architectures
-        from .._session import current_session
+        from .._session import current_plugin_host
 
-        host = host if host is not None else current_session().plugin_host()
+        host = host if host is not None else current_plugin_host()
         registry = cls() if cache is None else cls(cache=cache, overrides=override_setting())
         register_architectures(registry.callback_for, host)
         if registry._fallback is not None:  # its probed info is cached under its requirements' versions too
@@ -350,9 +350,9 @@ _registries_lock = threading.Lock()
 def get_registry(host: PluginHost | None = None) -> ModelRegistry:
     """The registry of ``host`` (default: the load session's host), built once per host object."""
     if host is None:
-        from .._session import current_session
+        from .._session import current_plugin_host
 
-        host = current_session().plugin_host()
+        host = current_plugin_host()
     key = id(host)
     with _registries_lock:
         found = _registries.get(key)

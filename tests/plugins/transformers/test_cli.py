@@ -68,7 +68,8 @@ def test_generate_through_the_fallback(gpt2):
 def test_unknown_model_impl_is_one_line(gpt2):
     result = run_cli("load", str(gpt2), "--model-impl", "vllm")
     assert result.returncode == 2
-    assert result.stderr == "error: model_impl 'vllm' is not supported; use one of auto, native, transformers\n"
+    assert result.stderr == ("error: argument --model-impl: invalid choice: 'vllm' (choose from 'auto', 'native', "
+                             "'transformers') (see 'loader load --help')\n")
 
 
 def test_listing_what_the_fallback_covers_imports_neither_torch_nor_transformers_here():
