@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from ..errors import PluginError, UnknownArchitectureError
-from ..options import check_model_impl
+from .._options import check_model_impl
 from .cache import ProbeCache
 from .capabilities import ModelInfo
 from .entry import RegisteredModel, check_class_path
