@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from ..errors import PluginError, UnknownArchitectureError
 from .._options import check_model_impl
+from ..errors import PluginError, UnknownArchitectureError
 from .cache import ProbeCache
 from .capabilities import ModelInfo
 from .entry import RegisteredModel, check_class_path
