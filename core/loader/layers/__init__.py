@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from .activation import SiluAndMul
     from .attention import Attention, KVCache
     from .default_loader import default_weight_loader
+    from .int4_cpu import KERNEL_GROUP_SIZES, Int4CpuWeight, int4_unsupported_reason, pack_int4
     from .layernorm import RMSNorm
     from .linear import (
         ColumnParallelLinear,
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 __all__ = [
     "Attention",
     "ColumnParallelLinear",
+    "Int4CpuWeight",
+    "KERNEL_GROUP_SIZES",
     "KVCache",
     "LinearBase",
     "LinearMethodBase",
@@ -63,7 +66,9 @@ __all__ = [
     "WeightLoader",
     "default_weight_loader",
     "get_rope",
+    "int4_unsupported_reason",
     "layout_of",
+    "pack_int4",
     "param_shape",
     "set_param_layout",
     "weight_loader_of",
@@ -75,6 +80,10 @@ _HOME = {
     "KVCache": "attention",
     "default_weight_loader": "default_loader",
     "RMSNorm": "layernorm",
+    "Int4CpuWeight": "int4_cpu",
+    "KERNEL_GROUP_SIZES": "int4_cpu",
+    "int4_unsupported_reason": "int4_cpu",
+    "pack_int4": "int4_cpu",
     "ColumnParallelLinear": "linear",
     "LinearBase": "linear",
     "MergedColumnParallelLinear": "linear",

@@ -14,6 +14,7 @@ def test_plugin_is_loaded_with_its_hooks():
     assert record.distribution == "loader-plugin-gguf"
     assert record.hooks == (
         "loader_detect_format",
+        "loader_detect_quantization",
         "loader_iter_weights",
         "loader_load_tokenizer",
         "loader_read_config",

@@ -82,3 +82,20 @@ def test_cli_generate_answers_with_paris(smollm2):
                            "--max-new-tokens", "20"], capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Paris" in proc.stdout, proc.stdout
+
+
+def test_packed_int4_answers_paris_and_agrees_with_the_dequantized_model(loaded, smollm2):
+    """``quantization="gguf"``: every linear layer packed, bfloat16 matmuls, float32 residual stream."""
+    import loader
+    from loader._generation import encode_prompt, generate_greedy
+
+    reference, bundle = loaded
+    packed, report = loader.load_model_with_report(str(smollm2), dtype="float32", quantization="gguf")
+    assert report.quantization["kernels"] == {"int4": 120}
+    ids = torch.tensor([encode_prompt(bundle, QUESTION, chat=True)])
+    with torch.no_grad():
+        got, expected = packed(ids), reference(ids)
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.98
+    assert relative_error(got, expected) <= 3e-2
+    result = generate_greedy(packed, bundle, QUESTION, max_new_tokens=20, chat=True)
+    assert "Paris" in result.text, result.text

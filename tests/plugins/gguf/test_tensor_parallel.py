@@ -58,3 +58,23 @@ def test_two_ranks_give_single_process_logits_reading_about_half(tp_run, case):
         assert result["tp_size"] == 2
         assert relative_error(torch.load(result["logits"]), expected) <= 1e-5
         assert result["bytes_read"] < 0.75 * single
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_ranks_packed_give_the_single_process_packed_logits(tp_run, case):
+    """``quantization="gguf"`` at tp=2 against tp=1: exact where layers fall back, bfloat16-close where packed.
+
+    A packed row-parallel layer (o_proj, down_proj) adds two bfloat16 kernel outputs where tp=1 rounds one
+    sum, so the packed Q4_0 model differs by that rounding (measured 2.4e-3), not by 1e-5 as issue 17 asks:
+    that would need the int4 kernel to return float32, which torch's CPU kernel does not.
+    """
+    files, ranks = tp_run
+    path = files[case]
+    ids = torch.arange(24).view(2, 12) % 200
+    packed, report = loader.load_model_with_report(str(path), dtype="float32", quantization="gguf")
+    with torch.no_grad():
+        expected = packed(ids)
+    tolerance = 1e-2 if report.quantization["kernels"].get("int4") else 1e-5
+    got = [torch.load(rank[str(path)]["packed_logits"]) for rank in ranks]
+    assert torch.equal(got[0], got[1])
+    assert relative_error(got[0], expected) <= tolerance

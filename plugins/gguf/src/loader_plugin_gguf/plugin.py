@@ -14,6 +14,7 @@ from loader.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from loader.checkpoint import LoadOptions, Source, TokenizerBundle, WeightFormat
+    from loader.layers import QuantizationConfig
     from loader.weights import ReadStats, WeightStream
 
 FORMAT_NAME = "gguf"
@@ -58,3 +59,17 @@ def loader_iter_weights(source: Source, weight_format: WeightFormat, options: Lo
     from .weight_stream import iter_gguf_weights
 
     return iter_gguf_weights(weight_format.files, stats)
+
+
+@hookimpl
+def loader_detect_quantization(hf_config: Mapping[str, Any], requested: str | None,
+                               options: LoadOptions) -> QuantizationConfig | None:
+    """``quantization="gguf"``: keep a GGUF file's Q4_0/Q4_1 weights packed for torch's CPU int4 kernel.
+
+    Opt-in for now: without it GGUF weights are dequantized to the load dtype, as before.
+    """
+    if requested != "gguf":
+        return None
+    from .packed_linear import GGUFQuantConfig
+
+    return GGUFQuantConfig()

@@ -136,6 +136,22 @@ class GGUFTensor(CheckpointTensor):
                 f"supported: {', '.join(SUPPORTED_TYPES)}"
             )
 
+    @property
+    def block_aligned(self) -> bool:
+        """Whether the column window starts and ends on block boundaries (so its blocks are exactly it)."""
+        block, _ = block_shape(self.info.ggml_type)
+        return self._col_start % block == 0 and self._cols % block == 0
+
+    def blocks(self) -> torch.Tensor:
+        """The stored blocks of this window, ``uint8 [rows, row_bytes]`` (a read-only view of the map).
+
+        For a quantize method that keeps blocks as they are (packed int4): only
+        block-aligned windows (:attr:`block_aligned`) are exactly the tensor.
+        """
+        if not self.block_aligned:
+            raise ValueError(f"{self.describe()}: columns {self._col_start}+{self._cols} are not whole blocks")
+        return self._raw()
+
     def _raw(self) -> torch.Tensor:
         """The stored bytes of this window as ``uint8 [rows, row_bytes]`` (a view of the map)."""
         self._check_type()

@@ -2,7 +2,7 @@
 
 Only light names are re-exported here (the entry point imports this package
 first); the torch-side pieces live in ``quantized_weight``, ``gptq_format``,
-``int4_cpu``, ``kernels`` and ``linear_method``.
+``kernels`` and ``linear_method``.
 """
 
 from .config import KERNELS, METHOD_NAME, GPTQConfig, config_from_checkpoint

@@ -3,7 +3,7 @@
 On the CPU: torch's packed int4 kernel for 4-bit weights, its int8 kernel
 for channelwise 8-bit ones, and dequantize-then-matmul (the reference) for
 what neither takes. Measured on this project's 2-core machine (N = K = 4096,
-one token; see ``int4_cpu``): the packed kernels beat dequantize + matmul by
+one token; see ``loader.layers.pack_int4``): the packed kernels beat dequantize + matmul by
 two to three orders of magnitude in both bfloat16 and float32, so ``auto``
 takes them whenever the layer fits and records why when it does not.
 
@@ -24,8 +24,9 @@ from typing import Protocol
 import attrs
 import torch
 
+from loader.layers import KERNEL_GROUP_SIZES, Int4CpuWeight, pack_int4
+
 from .config import KernelChoice
-from .int4_cpu import KERNEL_GROUP_SIZES, Int4CpuWeight, pack_int4
 from .int8_cpu import Int8CpuWeight, pack_int8
 from .quantized_weight import QuantizedWeight
 

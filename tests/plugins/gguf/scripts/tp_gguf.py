@@ -1,7 +1,8 @@
 """Run under ``torchrun``: load each GGUF file, save this rank's logits and bytes read.
 
 Usage: ``python -m torch.distributed.run --nproc-per-node N tp_gguf.py OUT FILE...``; writes
-``OUT/rank<R>.json`` mapping each file to ``{"logits": path, "bytes_read": n}``.
+``OUT/rank<R>.json`` mapping each file to ``{"logits": path, "bytes_read": n, "packed_logits": path}``
+(the last loaded with ``quantization="gguf"``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,13 @@ def main(out: Path, files: list[str]) -> None:
             logits = model(ids)
         saved = out / f"{i}-rank{rank}.pt"
         torch.save(logits, saved)
-        results[file] = {"logits": str(saved), "bytes_read": report.bytes_read, "tp_size": report.tp_size}
+        packed = load_model_with_report(file, dtype="float32", quantization="gguf")[0]
+        with torch.no_grad():
+            packed_logits = packed(ids)
+        packed_saved = out / f"{i}-rank{rank}-packed.pt"
+        torch.save(packed_logits, packed_saved)
+        results[file] = {"logits": str(saved), "bytes_read": report.bytes_read, "tp_size": report.tp_size,
+                         "packed_logits": str(packed_saved)}
     (out / f"rank{rank}.json").write_text(json.dumps(results))
 
 

@@ -1,5 +1,9 @@
 """torch's packed int4 CPU matmul behind a format-independent interface, with its fallback.
 
+A core building block (``loader.layers``) rather than part of one plugin, so
+every 4-bit format plugin (Marlin's GPTQ/AWQ, GGUF) packs with the same code
+without depending on another plugin.
+
 Any 4-bit format whose weight is affine per group — ``w[n, k] = code[n, k] *
 scale[g, n] + bias[g, n]`` for the ``group_size`` consecutive input columns
 ``k`` of group ``g`` — can run here: GPTQ/AWQ (``bias = -zero * scale``),

@@ -1,0 +1,220 @@
+"""``quantization="gguf"``: GGUF Q4_0 / Q4_1 weights stay packed on the CPU (torch's int4 kernel).
+
+Without it a GGUF file is dequantized to the load dtype at load time (SmolLM2
+Q4_1: 97 MB of blocks become 538 MB of float32, and writing that fresh memory
+is most of the load). With it, each parallel linear layer keeps its blocks:
+the layer's own ``weight_loader`` splits fused tensors (``qkv_proj``,
+``gate_up_proj``) and narrows to this rank as for every method, and the part
+handed to :meth:`GGUFLinearMethod._record` is only remembered (nothing is
+read). After loading, every part of the layer is decoded from its blocks into
+codes, scales and biases (:mod:`.q4_blocks`; llama.cpp's q/k rotary interleave
+is undone on the block rows) and packed by :func:`loader.layers.pack_int4`.
+
+A layer falls back to today's dequantized weight, with the reason recorded in
+the load report, when any of its parts is another block type (Q6_K, Q8_0,
+F16, ...), a TP split cuts a 32-value block, the kernel refuses the shape, or
+the target device is not the CPU — one layer at a time, so a Q4_K_M-style
+file mixing types keeps what it can packed.
+
+The kernel computes in bfloat16 (float16 when the load dtype is float16): in
+float32 it is about a hundred times slower. :meth:`GGUFLinearMethod.apply`
+casts the activations to that dtype and the result back, so a float32 load
+keeps its residual stream, norms, attention and head in float32 — what keeps
+SmolLM2 answering correctly (bfloat16 throughout drifts, packed or not).
+
+Exactness: the packed weight is ``(q - 8) * s + z`` with ``s = d`` and ``z =
+bias + 8 d`` rounded to the kernel dtype, computed from the file's own block
+fields. For Q4_0 (``z = 0``) that is gguf-py's dequantization with ``d``
+rounded to bfloat16; for both types each value is within ``2^-8 (8 |d| + |z|)``
+of gguf-py's dequantization as stored (``tests/plugins/gguf/test_packed.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, cast
+
+import attrs
+import torch
+
+from loader.errors import CheckpointFormatError, UnsupportedError
+from loader.layers import (
+    Int4CpuWeight,
+    LinearBase,
+    LinearMethodBase,
+    ParamLayout,
+    QuantizationConfig,
+    WeightLoader,
+    int4_unsupported_reason,
+    pack_int4,
+    set_param_layout,
+)
+from loader.weights import RowPermutedTensor
+
+from .q4_blocks import GROUP_SIZE, AffineRows, affine_rows
+from .tensors import GGUFTensor
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from loader.layers import NarrowedPart, QuantizeMethodBase
+
+__all__ = ["METHOD_NAME", "GGUFLayerState", "GGUFLinearMethod", "GGUFQuantConfig", "LayerChoice"]
+
+METHOD_NAME = "gguf"
+_KERNEL_DTYPES = (torch.bfloat16, torch.float16)
+
+
+@attrs.frozen
+class LayerChoice:
+    """How one layer computes: ``int4`` (packed) or ``dequantized``, from which block types, and why."""
+
+    kernel: str
+    types: tuple[str, ...]
+    packed_bytes: int = 0
+    reason: str | None = None
+
+
+@attrs.define
+class GGUFQuantConfig(QuantizationConfig):
+    """The user's request to keep GGUF blocks packed; records each layer's choice for the load report."""
+
+    name = METHOD_NAME
+    layer_log: dict[str, LayerChoice] = attrs.field(factory=dict, eq=False)
+
+    def describe(self) -> dict[str, Any]:
+        counts: dict[str, int] = {}
+        for choice in self.layer_log.values():
+            counts[choice.kernel] = counts.get(choice.kernel, 0) + 1
+        return {
+            "method": self.name, "kernels": counts,
+            "packed_bytes": sum(choice.packed_bytes for choice in self.layer_log.values()),
+            "layers": {prefix: attrs.asdict(choice) for prefix, choice in sorted(self.layer_log.items())},
+        }
+
+    def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
+        """:class:`GGUFLinearMethod` for every parallel linear layer (embeddings stay as today)."""
+        return GGUFLinearMethod(self) if isinstance(layer, LinearBase) else None
+
+
+@attrs.define
+class GGUFLayerState:
+    """One layer's size and the narrowed parts handed to it, until they are packed or dequantized."""
+
+    prefix: str
+    rows: int
+    cols: int
+    params_dtype: torch.dtype
+    parts: list[NarrowedPart] = attrs.field(factory=list)
+    choice: LayerChoice | None = None
+
+
+def _state(layer: nn.Module) -> GGUFLayerState:
+    state = getattr(layer, "gguf_state", None)
+    if not isinstance(state, GGUFLayerState):
+        raise TypeError(f"{type(layer).__name__} was not set up by GGUFLinearMethod.create_weights")
+    return state
+
+
+class GGUFLinearMethod(LinearMethodBase):
+    """One parallel linear layer of a GGUF file: parts remembered, then packed to int4 or dequantized."""
+
+    def __init__(self, config: GGUFQuantConfig) -> None:
+        self.config = config
+
+    def create_weights(
+        self,
+        layer: nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        weight_loader: WeightLoader,
+        **extra: Any,
+    ) -> None:
+        rows, cols = sum(output_partition_sizes), input_size_per_partition
+        linear = cast("LinearBase", layer)
+        # An empty placeholder: what it becomes (int4 buffers or a dense weight) is known only once every
+        # part's block type is; the layer's loader still checks shapes against (rows, cols) and narrows.
+        weight = torch.nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
+        set_param_layout(weight, ParamLayout(weight_loader=weight_loader, output_dim=0, input_dim=1,
+                                             logical_shape=(rows, cols),
+                                             load_part=functools.partial(self._record, linear)))
+        layer.register_parameter("weight", weight)
+        layer.gguf_state = GGUFLayerState(  # type: ignore[assignment]
+            prefix=linear.prefix or type(layer).__name__, rows=rows, cols=cols, params_dtype=params_dtype)
+
+    def _record(self, layer: LinearBase, param: torch.Tensor, part: NarrowedPart) -> None:
+        """Remember this rank's narrowed part (nothing is read until every part is in)."""
+        tensor = part.narrowed
+        base = tensor.base if isinstance(tensor, RowPermutedTensor) else tensor
+        if not isinstance(base, GGUFTensor):
+            raise UnsupportedError(
+                f"{tensor.describe()}: quantization={METHOD_NAME!r} keeps GGUF blocks packed, but this tensor "
+                "does not come from a GGUF file; load it without that option"
+            )
+        _state(layer).parts.append(part)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Pack the layer's parts into torch's int4 layout, or dequantize them (reason recorded)."""
+        state = _state(layer)
+        if state.choice is not None:
+            return
+        parts = sorted(state.parts, key=lambda p: p.offset)
+        if sum(p.size for p in parts) != state.rows:
+            raise CheckpointFormatError(f"{state.prefix}: its parts fill {sum(p.size for p in parts)} of "
+                                        f"{state.rows} rows")
+        device = cast(torch.Tensor, layer.weight).device
+        types = tuple(p.narrowed.stored_type for p in parts)
+        decoded: list[AffineRows] = []
+        reason = None if device.type == "cpu" else f"the packed int4 kernel runs on the CPU, not {device}"
+        for part in parts if reason is None else ():
+            found = affine_rows(part.narrowed)
+            if isinstance(found, str):
+                reason = found if part.shard_id is None else f"part {part.shard_id!r}: {found}"
+                break
+            decoded.append(found)
+        reason = reason or int4_unsupported_reason(state.rows, state.cols, GROUP_SIZE)
+        delattr(layer, "weight")
+        if reason is None:
+            packed = self._pack(decoded, state.params_dtype)
+            layer.register_buffer("packed_weight", packed.data)
+            layer.register_buffer("packed_scales_and_zeros", packed.scales_and_zeros)
+            size = packed.data.numel() + packed.scales_and_zeros.numel() * packed.scales_and_zeros.element_size()
+            state.choice = LayerChoice("int4", types, size)
+        else:
+            dense = torch.empty(state.rows, state.cols, dtype=state.params_dtype, device=device)
+            for part in parts:
+                dense[part.offset:part.offset + part.size].copy_(part.narrowed.read(state.params_dtype))
+            layer.register_parameter("weight", torch.nn.Parameter(dense, requires_grad=False))
+            state.choice = LayerChoice("dequantized", types, 0, reason)
+        state.parts.clear()
+        self.config.layer_log[state.prefix] = state.choice
+
+    @staticmethod
+    def _pack(decoded: list[AffineRows], params_dtype: torch.dtype) -> Int4CpuWeight:
+        dtype = params_dtype if params_dtype in _KERNEL_DTYPES else torch.bfloat16
+        codes = torch.cat([d.codes for d in decoded])
+        scales = torch.cat([d.scales for d in decoded], dim=1)
+        biases = torch.cat([d.biases for d in decoded], dim=1)
+        return pack_int4(codes, scales, biases, GROUP_SIZE, dtype)
+
+    def int4_weight(self, layer: nn.Module) -> Int4CpuWeight | None:
+        """The layer's packed weight (built on its current buffers), ``None`` when it was dequantized."""
+        state = _state(layer)
+        if state.choice is None:
+            raise RuntimeError(f"{state.prefix}: weights are not processed yet")
+        if state.choice.kernel != "int4":
+            return None
+        data = cast(torch.Tensor, layer.packed_weight)
+        scales_and_zeros = cast(torch.Tensor, layer.packed_scales_and_zeros)
+        return Int4CpuWeight(data, scales_and_zeros, GROUP_SIZE, state.cols)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        packed = self.int4_weight(layer)
+        if packed is None:
+            return torch.nn.functional.linear(x, cast(torch.Tensor, layer.weight), bias)
+        kernel_dtype = packed.scales_and_zeros.dtype
+        out = packed.matmul(x.to(kernel_dtype)).to(x.dtype)
+        return out if bias is None else out + bias.to(out.dtype)

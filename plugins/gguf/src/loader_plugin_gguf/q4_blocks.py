@@ -1,0 +1,103 @@
+"""GGUF Q4_0 / Q4_1 blocks as an affine 4-bit weight: codes, per-32-group scales and biases.
+
+Both types are exact affine maps per block of 32 input columns, so they fit
+:func:`loader.layers.pack_int4` without re-quantizing anything:
+
+- Q4_0 (``d: f16, qs[16]``): ``w = d * (q - 8)``, i.e. scale ``d``, bias ``-8 d``;
+- Q4_1 (``d: f16, m: f16, qs[16]``): ``w = d * q + m``, i.e. scale ``d``, bias ``m``
+  (torch's kernel then stores ``zero = m + 8 d``, since it computes ``(q - 8) * s + zero``).
+
+:func:`affine_rows` reads the blocks under a checkpoint tensor handed to a
+layer — a :class:`~loader_plugin_gguf.tensors.GGUFTensor` window, or one whose
+rows llama.cpp's rotary interleave reordered
+(:class:`loader.weights.RowPermutedTensor`) — and says why not (a string) when
+the tensor cannot stay packed, so the caller falls back to dequantizing it.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+from gguf.constants import GGMLQuantizationType
+
+from loader.weights import CheckpointTensor, RowPermutedTensor
+
+from .dequantize import block_shape
+from .kernels_legacy import half_at, nibbles
+from .tensors import GGUFTensor
+
+__all__ = ["GROUP_SIZE", "PACKED_TYPES", "AffineRows", "affine_rows", "decode_q4"]
+
+Q = GGMLQuantizationType
+GROUP_SIZE = 32
+PACKED_TYPES = (Q.Q4_0, Q.Q4_1)
+"""Block types kept packed: the ones whose blocks are exactly ``code * scale + bias`` per 32 columns."""
+
+
+@attrs.frozen(eq=False)
+class AffineRows:
+    """One part's weight ``[rows, cols]`` as ``codes * scales + biases`` per group of 32 columns.
+
+    :ivar codes: uint8 ``[rows, cols]`` in ``[0, 16)``.
+    :ivar scales: float32 ``[cols / 32, rows]`` (the blocks' ``d``, widened from float16).
+    :ivar biases: float32 ``[cols / 32, rows]`` (``-8 d`` for Q4_0, ``m`` for Q4_1).
+    :ivar ggml_type: the block type the rows came from.
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    biases: torch.Tensor
+    ggml_type: int
+
+
+def decode_q4(raw: torch.Tensor, ggml_type: int) -> AffineRows:
+    """Split ``raw`` (uint8 ``[rows, row_bytes]`` of whole Q4_0/Q4_1 blocks) into codes, scales and biases."""
+    _, size = block_shape(ggml_type)
+    rows = raw.shape[0]
+    blocks = raw.contiguous().view(-1, size)
+    groups = blocks.shape[0] // rows if rows else 0
+    d = half_at(blocks, 0).view(rows, groups)
+    if ggml_type == Q.Q4_0:
+        codes, biases = nibbles(blocks[:, 2:18]), d * -8
+    elif ggml_type == Q.Q4_1:
+        codes, biases = nibbles(blocks[:, 4:20]), half_at(blocks, 2).view(rows, groups)
+    else:
+        raise ValueError(f"ggml type {Q(ggml_type).name} is not one of {[t.name for t in PACKED_TYPES]}")
+    return AffineRows(codes.reshape(rows, groups * GROUP_SIZE), d.t().contiguous(), biases.t().contiguous(),
+                      ggml_type)
+
+
+def _gguf_window(tensor: CheckpointTensor) -> tuple[GGUFTensor, torch.Tensor | None] | str:
+    """The GGUF window under ``tensor`` and the row order to apply (``None``: as stored), or why there is none."""
+    perm = None
+    if isinstance(tensor, RowPermutedTensor):
+        perm, tensor = tensor.perm, tensor.base
+    if not isinstance(tensor, GGUFTensor):
+        return f"{type(tensor).__name__} is not a GGUF tensor"
+    return tensor, perm
+
+
+def affine_rows(tensor: CheckpointTensor) -> AffineRows | str:
+    """This part's codes, scales and biases read from its blocks, or the reason it must be dequantized instead.
+
+    Only the rows and whole blocks of the window are read (a TP rank reads its
+    own heads); the read is added to the tensor's :class:`~loader.weights.ReadStats`.
+    """
+    found = _gguf_window(tensor)
+    if isinstance(found, str):
+        return found
+    window, perm = found
+    if window.info.ggml_type not in PACKED_TYPES:
+        return f"ggml type {window.stored_type} has no packed int4 kernel"
+    if len(window.shape) != 2:
+        return f"a {len(window.shape)}-d tensor is not a linear weight"
+    if not window.block_aligned:
+        return "the tensor parallel split cuts a 32-value block"
+    if perm is not None and perm.numel():
+        lo, hi = int(perm.min()), int(perm.max())
+        window = window.narrow(0, lo, hi - lo + 1)
+    raw = window.blocks()
+    if perm is not None and perm.numel():
+        raw = raw.index_select(0, perm - int(perm.min()))
+    window.stats.add(raw.numel(), tensors=1)
+    return decode_q4(raw, window.info.ggml_type)

@@ -1,0 +1,29 @@
+"""``loader.layers.pack_int4``: torch's packed int4 CPU matmul for any affine 4-bit weight, and its refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loader.layers import int4_unsupported_reason, pack_int4
+
+
+def test_the_int4_wrapper_takes_any_affine_4bit_weight_and_explains_what_it_refuses():
+    """GGUF Q4_1-like weights (``w = q * d + m``) through the format-independent interface."""
+    gen = torch.Generator().manual_seed(5)
+    codes = torch.randint(0, 16, (32, 128), generator=gen)
+    d, m = torch.rand(4, 32, generator=gen), torch.randn(4, 32, generator=gen)
+    reference = codes.float() * d.repeat_interleave(32, 0).t() + m.repeat_interleave(32, 0).t()
+    x = torch.randn(3, 128, generator=gen)
+    packed = pack_int4(codes, d, m, 32, torch.float32)
+    assert packed.packed and packed.reason is None
+    assert float((packed.matmul(x) - x @ reference.t()).norm() / (x @ reference.t()).norm()) <= 1e-5
+    unpacked = pack_int4(codes[:24], d[:, :24], m[:, :24], 32, torch.float32)
+    assert unpacked.reason == "output features 24 are not a multiple of 16"
+    assert torch.allclose(unpacked.dequantize(), reference[:24], atol=1e-5)
+    assert int4_unsupported_reason(64, 128, 16) == "group size 16 is not one of the int4 kernel's [32, 64, 128, 256]"
+    assert int4_unsupported_reason(64, 96, 64) == "input features 96 are not a multiple of the group size 64"
+    with pytest.raises(ValueError, match="do not describe groups of 32 input columns"):
+        pack_int4(codes, d[:3], m[:3], 32)
+    with pytest.raises(ValueError, match="packed int4 layout cannot be dequantized"):
+        packed.dequantize()

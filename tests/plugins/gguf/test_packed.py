@@ -1,0 +1,158 @@
+"""``quantization="gguf"``: Q4_0/Q4_1 blocks kept packed for torch's int4 CPU kernel, checked against gguf-py.
+
+The weight a packed layer represents is read back by multiplying the identity
+in float32 (the kernel then widens its bfloat16 scales exactly): it is
+``(q - 8) * bf16(d) + bf16(bias + 8 d)`` from gguf-py's own block fields, so
+for Q4_0 it is bit-equal to gguf-py's dequantization with ``d`` rounded to
+bfloat16, and for both types within that rounding (``2^-8 (8 |d| + |z|)``) of
+gguf-py's dequantization as stored.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+import loader
+from loader.errors import UnsupportedError
+from loader.testing import simulated_tp
+from loader_plugin_gguf.packed_linear import GGUFLinearMethod
+from loader_plugin_gguf.q4_blocks import decode_q4
+from tests.helpers.gguf_files import Q
+from tests.helpers.hf_checkpoints import relative_error
+
+HEADS = 4  # tiny_config's Llama: hidden 64, 4 heads of 16, 2 KV heads
+
+
+def _packed(model: torch.nn.Module, name: str) -> torch.Tensor:
+    """The float32 ``[N, K]`` weight the packed layer ``name`` represents."""
+    layer = dict(model.named_modules())[name]
+    method = layer.quant_method
+    assert isinstance(method, GGUFLinearMethod)
+    weight = method.int4_weight(layer)
+    assert weight is not None, method.config.layer_log
+    return weight.matmul(torch.eye(weight.in_features)).t()
+
+
+def _gguf_py(path, name: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """gguf-py's dequantization of tensor ``name`` and its raw blocks."""
+    tensor = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == name)
+    raw = np.array(tensor.data)
+    return gguf.quants.dequantize(raw, tensor.tensor_type), raw, int(tensor.tensor_type)
+
+
+def _half_rotary(weight: np.ndarray, heads: int) -> np.ndarray:
+    """Undo llama.cpp's rotary interleave (the inverse of ``tests.helpers.gguf_files.interleave_rotary``)."""
+    return weight.reshape(heads, -1, 2, weight.shape[-1]).swapaxes(1, 2).reshape(weight.shape)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1], ids=lambda q: q.name)
+@pytest.mark.parametrize(("gguf_name", "layer", "rows"), [
+    ("blk.0.ffn_down.weight", "model.layers.0.mlp.down_proj", slice(None)),
+    ("blk.1.attn_q.weight", "model.layers.1.self_attn.qkv_proj", slice(0, 64)),
+    ("blk.1.attn_k.weight", "model.layers.1.self_attn.qkv_proj", slice(64, 96)),
+    ("blk.0.ffn_up.weight", "model.layers.0.mlp.gate_up_proj", slice(128, 256)),
+], ids=["down", "q-permuted", "k-permuted", "up-fused"])
+def test_packed_weight_is_gguf_py_dequantization_with_scales_rounded_to_bfloat16(
+        tiny_gguf, qtype, gguf_name, layer, rows):
+    path, _ = tiny_gguf("llama", qtype, rope_scaling=None)
+    model = loader.load_model(str(path), dtype="float32", quantization="gguf")
+    got = _packed(model, layer)[rows]
+    expected, raw, ggml_type = _gguf_py(path, gguf_name)
+    fields = decode_q4(torch.from_numpy(raw), ggml_type)
+    d = fields.scales.t().repeat_interleave(32, 1)
+    z = (fields.biases + 8 * fields.scales).t().repeat_interleave(32, 1)
+    rounded = (fields.codes.float() - 8) * d.bfloat16().float() + z.bfloat16().float()
+    if "attn_q" in gguf_name or "attn_k" in gguf_name:
+        heads = HEADS if "attn_q" in gguf_name else 2
+        expected = _half_rotary(expected, heads)
+        rounded, d, z = (torch.from_numpy(_half_rotary(t.numpy(), heads)) for t in (rounded, d, z))
+    assert torch.equal(got, rounded)
+    assert bool(((got - torch.from_numpy(expected)).abs() <= 2**-8 * (8 * d.abs() + z.abs())).all())
+    if qtype == Q.Q4_0:  # z = 0, so ``got`` is exactly gguf-py's d * (q - 8) with d rounded to bfloat16
+        assert bool((z == 0).all())
+
+
+@pytest.mark.parametrize(("family", "qtype"), [("llama", Q.Q4_0), ("llama", Q.Q4_1), ("qwen2", Q.Q4_1)],
+                         ids=["llama-q4_0", "llama-q4_1", "qwen2-q4_1"])
+def test_packed_logits_agree_with_the_dequantized_float32_model(tiny_gguf, family, qtype):
+    path, model = tiny_gguf(family, qtype, **({"rope_scaling": None} if family == "llama" else {}))
+    ids = torch.randint(0, model.config.vocab_size, (4, 16), generator=torch.Generator().manual_seed(0))
+    packed, report = loader.load_model_with_report(str(path), dtype="float32", quantization="gguf")
+    with torch.no_grad():
+        expected = loader.load_model(str(path), dtype="float32")(ids)
+        got = packed(ids)
+    assert report.quantization["kernels"] == {"int4": 8}
+    assert report.quantization["packed_bytes"] > 0
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.98
+    assert relative_error(got, expected) <= 3e-2
+
+
+def test_other_block_types_fall_back_per_layer_with_the_reason(tiny_gguf):
+    path, _ = tiny_gguf("llama", Q.Q8_0, rope_scaling=None)
+    ids = torch.arange(12).view(1, 12)
+    model, report = loader.load_model_with_report(str(path), dtype="float32", quantization="gguf")
+    layers = report.quantization["layers"]
+    assert report.quantization["kernels"] == {"dequantized": 8}
+    assert layers["model.layers.0.mlp.down_proj"]["reason"] == "ggml type Q8_0 has no packed int4 kernel"
+    assert layers["model.layers.0.self_attn.qkv_proj"]["reason"] == "part 'q': ggml type Q8_0 has no packed " \
+        "int4 kernel"
+    with torch.no_grad():
+        assert torch.equal(model(ids), loader.load_model(str(path), dtype="float32")(ids))
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_each_tp_rank_packs_its_own_rows_and_columns(tiny_gguf, rank):
+    path, _ = tiny_gguf("llama", Q.Q4_1, rope_scaling=None)
+    whole = loader.load_model(str(path), dtype="float32", quantization="gguf")
+    with simulated_tp(rank, 2):
+        shard = loader.load_model(str(path), dtype="float32", quantization="gguf")
+    full_qkv = _packed(whole, "model.layers.1.self_attn.qkv_proj")
+    q, k, v = full_qkv[:64], full_qkv[64:96], full_qkv[96:]
+    expected_qkv = torch.cat([q[32 * rank:32 * (rank + 1)], k[16 * rank:16 * (rank + 1)],
+                              v[16 * rank:16 * (rank + 1)]])
+    assert torch.equal(_packed(shard, "model.layers.1.self_attn.qkv_proj"), expected_qkv)
+    down = _packed(whole, "model.layers.0.mlp.down_proj")
+    assert torch.equal(_packed(shard, "model.layers.0.mlp.down_proj"), down[:, 64 * rank:64 * (rank + 1)])
+
+
+def test_a_non_gguf_checkpoint_is_refused_by_name(tmp_path):
+    from tests.helpers.hf_checkpoints import build_model, tiny_config
+
+    folder = tmp_path / "hf"
+    build_model("llama", tiny_config("llama")).save_pretrained(folder)
+    with pytest.raises(UnsupportedError, match="does not come from a GGUF file"):
+        loader.load_model(str(folder), dtype="float32", quantization="gguf")
+
+
+def test_a_fused_layer_with_one_other_block_type_is_dequantized_and_the_rest_stay_packed(tmp_path):
+    from tests.helpers.gguf_files import write_gguf
+    from tests.helpers.hf_checkpoints import build_model, tiny_config
+
+    model = build_model("llama", tiny_config("llama", vocab_size=288, rope_scaling=None))
+    path = write_gguf(tmp_path / "mixed.gguf", model, "llama", qtype=Q.Q4_1,
+                      tensor_types={"blk.0.ffn_up.weight": Q.Q8_0})
+    packed, report = loader.load_model_with_report(str(path), dtype="float32", quantization="gguf")
+    choice = report.quantization["layers"]["model.layers.0.mlp.gate_up_proj"]
+    assert choice["kernel"] == "dequantized" and choice["types"] == ("Q4_1", "Q8_0")
+    assert choice["reason"] == "part 1: ggml type Q8_0 has no packed int4 kernel"
+    assert report.quantization["kernels"] == {"int4": 7, "dequantized": 1}
+    dense = loader.load_model(str(path), dtype="float32")  # random Q8_0 blocks: compare weights, not logits
+    name = "model.layers.0.mlp.gate_up_proj.weight"
+    torch.testing.assert_close(dict(packed.named_parameters())[name], dict(dense.named_parameters())[name],
+                               rtol=0, atol=0, equal_nan=True)
+
+
+def test_bad_input_is_the_same_named_error_with_the_packed_path(tmp_path):
+    from loader.errors import CheckpointFormatError
+    from tests.helpers.gguf_files import write_gguf
+    from tests.helpers.hf_checkpoints import build_model, tiny_config
+
+    path = write_gguf(tmp_path / "model.gguf", build_model("llama", tiny_config("llama", vocab_size=288)), "llama",
+                      qtype=Q.Q4_1)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 1000])
+    with pytest.raises(CheckpointFormatError, match=r"model\.gguf: tensor '.+' data runs past the end of the file"):
+        loader.load_model(str(path), quantization="gguf")
