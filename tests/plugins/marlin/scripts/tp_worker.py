@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from loader.errors import LoadError
 from loader._pipeline.load import load_model_with_report
+from loader.errors import LoadError
 from tests.helpers.model_checks import random_ids
 from tests.helpers.torchrun_exit import exit_rank
 
