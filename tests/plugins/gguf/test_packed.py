@@ -119,6 +119,7 @@ def test_each_tp_rank_packs_its_own_rows_and_columns(tiny_gguf, rank):
 
 
 def test_a_non_gguf_checkpoint_is_refused_by_name(tmp_path):
+    pytest.importorskip("loader_plugin_safetensors", reason="reading the non-GGUF checkpoint needs its format plugin")
     from tests.helpers.hf_checkpoints import build_model, tiny_config
 
     folder = tmp_path / "hf"
