@@ -11,6 +11,7 @@ reader's do; otherwise they are read with positioned reads.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Iterator
@@ -26,17 +27,18 @@ if TYPE_CHECKING:
 __all__ = ["StoredTensor", "iter_part_files", "read_part_header"]
 
 MAX_HEADER_BYTES = 100_000_000
-_CODES = ("F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL", "F8_E4M3", "F8_E5M2")
+
+
+@functools.cache
+def _dtypes() -> dict[str, torch.dtype]:
+    """Code -> dtype, the writer's table read backwards (imported here on first use: it needs torch)."""
+    from .writer import DTYPE_CODES
+
+    return {code: dtype for dtype, code in DTYPE_CODES.items()}
 
 
 def _dtype(code: str) -> torch.dtype:
-    import torch
-
-    return {
-        "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-        "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-        "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-    }[code]
+    return _dtypes()[code]
 
 
 class StoredTensor(CheckpointTensor):
@@ -72,11 +74,13 @@ class StoredTensor(CheckpointTensor):
 
     def _fill(self, out: torch.Tensor) -> None:
         """Read this tensor's bytes into ``out`` (contiguous, CPU, this tensor's dtype and shape)."""
+        import torch
+
         nbytes = self.nbytes
         if nbytes:
             fd = os.open(self.file, os.O_RDONLY)
             try:
-                view = memoryview(out.view(-1).view(_uint8()).numpy().data).cast("B")
+                view = memoryview(out.view(-1).view(torch.uint8).numpy().data).cast("B")
                 pread_exactly(fd, view, self.offset, self.file, f"tensor {self.name!r}")
             finally:
                 os.close(fd)
@@ -97,32 +101,24 @@ class StoredTensor(CheckpointTensor):
             out.copy_(self.read())
 
 
-def _uint8() -> torch.dtype:
-    import torch
-
-    return torch.uint8
-
-
 def _entry(path: str, name: str, raw: Any, data_start: int, file_size: int) -> tuple[str, tuple[int, ...], int]:
     """``(dtype code, shape, absolute offset)`` of one header entry, or an error naming the tensor."""
     where = f"{path}: tensor {name!r}"
     if not isinstance(raw, dict):
         raise CheckpointFormatError(f"{where}: header entry must be an object, found {type(raw).__name__}")
     code, shape, offsets = raw.get("dtype"), raw.get("shape"), raw.get("data_offsets")
-    if code not in _CODES:
-        raise CheckpointFormatError(f"{where}: dtype {code!r} is not one of {', '.join(_CODES)}")
+    if code not in _dtypes():
+        raise CheckpointFormatError(f"{where}: dtype {code!r} is not one of {', '.join(_dtypes())}")
     if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
                                               for s in shape):
         raise CheckpointFormatError(f"{where}: shape must be a list of non-negative integers, found {shape!r}")
     if (not isinstance(offsets, list) or len(offsets) != 2
             or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
         raise CheckpointFormatError(f"{where}: data_offsets must be two integers, found {offsets!r}")
-    import torch
-
     numel = 1
     for s in shape:
         numel *= s
-    nbytes = numel * torch.empty((), dtype=_dtype(code)).element_size()
+    nbytes = numel * _dtype(code).itemsize
     begin, end = offsets
     if begin < 0 or end - begin != nbytes:
         raise CheckpointFormatError(

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["write_safetensors"]
+__all__ = ["DTYPE_CODES", "write_safetensors"]
 
-_DTYPE_CODES = {
+DTYPE_CODES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
     torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
     torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
@@ -28,10 +28,10 @@ def write_safetensors(path: Path, tensors: Sequence[tuple[str, torch.Tensor]],
     header: dict[str, object] = {"__metadata__": metadata or {}}
     offset = 0
     for name, tensor in tensors:
-        if tensor.dtype not in _DTYPE_CODES:
+        if tensor.dtype not in DTYPE_CODES:
             raise TypeError(f"{name}: dtype {tensor.dtype} cannot be stored in safetensors")
         size = tensor.numel() * tensor.element_size()
-        header[name] = {"dtype": _DTYPE_CODES[tensor.dtype], "shape": list(tensor.shape),
+        header[name] = {"dtype": DTYPE_CODES[tensor.dtype], "shape": list(tensor.shape),
                         "data_offsets": [offset, offset + size]}
         offset += size
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
