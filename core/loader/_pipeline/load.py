@@ -296,7 +296,8 @@ def _build_and_fill(prepared: PreparedCheckpoint, options: LoadOptions, progress
     if quant_config is not None and not weight_format.parameter_names:
         stream = _blamed_stream(quant_config.wrap_weights(stream),
                                 f"quantization {quant_config.name!r} failed in wrap_weights")
-    stream = with_progress(_counting(stream, totals), progress, checkpoint_size(weight_format.files))
+    total = checkpoint_size(weight_format.files) if progress else None  # a stat per file, for the bar only
+    stream = with_progress(_counting(stream, totals), progress, total)
     if weight_format.parameter_names:
         with torch.no_grad(), background_population():
             loaded = load_by_name(model, stream)
