@@ -34,12 +34,11 @@ class _FactoryDtype(TorchFunctionMode):
 
     def __torch_function__(self, func: Callable[..., Any], types: Sequence[type], args: Sequence[Any] = (),
                            kwargs: Mapping[str, Any] | None = None) -> Any:
-        kwargs = dict(kwargs or {})
-        if kwargs.get("dtype") is not None:
-            return func(*args, **kwargs)
+        kwargs = kwargs or {}
+        if kwargs.get("dtype") is not None or (func not in _DEFAULTED and func not in _INFERRED):
+            return func(*args, **kwargs)  # every other torch call of the build passes straight through
         if func in _DEFAULTED:
-            kwargs["dtype"] = self.dtype
-            return func(*args, **kwargs)
+            return func(*args, **{**kwargs, "dtype": self.dtype})
         result = func(*args, **kwargs)
         if (func in _INFERRED and isinstance(result, torch.Tensor) and result.dtype == torch.get_default_dtype()
                 and not (args and isinstance(args[0], torch.Tensor))):
