@@ -9,8 +9,6 @@ import argparse
 from collections import Counter
 from typing import Any
 
-import attrs
-
 from .output import format_bytes, print_json, print_table
 
 __all__ = ["inspect_source", "run_inspect"]
@@ -46,10 +44,7 @@ def inspect_source(location: str, load_format: str = "auto", revision: str | Non
     bytes_by_dtype: Counter[str] = Counter()
     total = 0
     tensors = 0
-    weight_format = prepared.weight_format
-    if weight_format.name == "sharded_state":  # its part files are plain safetensors, as the load reads them
-        weight_format = attrs.evolve(weight_format, name="safetensors")
-    for _, tensor in _hooks.iter_weights(prepared.source, weight_format, options, stats):
+    for _, tensor in _hooks.iter_weights(prepared.source, prepared.weight_format, options, stats):
         label = tensor.stored_type
         counts[label] += 1
         bytes_by_dtype[label] += tensor.nbytes
