@@ -122,9 +122,10 @@ def create_plugin_host(*, load_entry_points: bool = True,
     host = PluginHost(pm=pm)
     import importlib
 
+    version = _core_version()
     for name, module_name in CORE_PLUGINS:
         module = importlib.import_module(module_name)
-        host.register(module, name, distribution="loader-core", version=_core_version())
+        host.register(module, name, distribution="loader-core", version=version)
 
     if load_entry_points:
         _load_entry_points(host, allow=_name_list(env.get("LOADER_PLUGINS")),

@@ -64,8 +64,8 @@ def source_help() -> str:
     return f"local folder or file (.gguf, .safetensors), Hub id (org/name){uris}"
 
 
-def _add_source(p: argparse.ArgumentParser) -> None:
-    p.add_argument("source", help=source_help())
+def _add_source(p: argparse.ArgumentParser, source_text: str) -> None:
+    p.add_argument("source", help=source_text)
     p.add_argument("--load-format", "--format", dest="load_format", default="auto", metavar="FORMAT",
                    help=FORMAT_HELP)
     p.add_argument("--revision", default=None, help="Hub revision: branch, tag or commit (default: main)")
@@ -83,8 +83,8 @@ def _add_model_impl(p: argparse.ArgumentParser) -> None:
                         "fallback) or transformers (always the fallback), as vLLM's --model-impl")
 
 
-def _add_load_args(p: argparse.ArgumentParser) -> None:
-    _add_source(p)
+def _add_load_args(p: argparse.ArgumentParser, source_text: str) -> None:
+    _add_source(p, source_text)
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                    help="parameter dtype; auto (default) uses the checkpoint's torch_dtype, else bfloat16")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
@@ -98,6 +98,7 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    source_text = source_help()  # one scan of the installed entry points for every command's SOURCE help
     parser = CliParser(prog="loader", description="Load LLM checkpoints into ready torch modules.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and log records")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=CliParser, metavar="COMMAND")
@@ -107,23 +108,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("models", help="list registered architectures and their capabilities")
     _add_json(p, "the architectures")
     p = sub.add_parser("inspect", help="describe a checkpoint without loading it")
-    _add_source(p)
+    _add_source(p, source_text)
     _add_model_impl(p)
     _add_json(p)
     p = sub.add_parser("load", help="load a checkpoint, verify it and report speed and memory")
-    _add_load_args(p)
+    _add_load_args(p, source_text)
     p.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1, metavar="N",
                    help="load N tensor-parallel shards, one process each, launched with torchrun's launcher "
                         "(default 1; under torchrun already, N must equal its world size)")
     p = sub.add_parser("generate", help="load a checkpoint and generate text greedily")
-    _add_load_args(p)
+    _add_load_args(p, source_text)
     p.add_argument("--prompt", required=True, help="text to continue (or the user message, with --chat)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the checkpoint's chat template")
     p.add_argument("--system", default=None, help="system message (with --chat)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=32, metavar="N",
                    help="tokens to generate at most (default 32)")
     p = sub.add_parser("save-sharded", help="write each tensor-parallel rank's state for fast reloads")
-    _add_source(p)
+    _add_source(p, source_text)
     p.add_argument("out", help="output folder (created; must be empty)")
     p.add_argument("--tp", type=_positive_int, required=True, metavar="N", help="tensor parallel size to cut for")
     p.add_argument("--dtype", default="bfloat16", choices=DTYPE_CHOICES,

@@ -20,11 +20,11 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import ConfigError
+from .parser import EXIT_USER_ERROR
 
 __all__ = ["LAUNCHED_ENV", "launch_needed", "launch_workers", "quiet_other_ranks", "worker_exit"]
 
 LAUNCHED_ENV = "LOADER_TP_LAUNCHED"
-EXIT_USER_ERROR = 2
 
 
 def launch_needed(size: int, environ: dict[str, str] | None = None) -> bool:
