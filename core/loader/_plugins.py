@@ -107,7 +107,8 @@ def _hooks_of(pm: pluggy.PluginManager, plugin: object) -> tuple[str, ...]:
     return tuple(sorted(c.name for c in callers))
 
 
-def _name_list(value: str | None) -> set[str] | None:
+def comma_names(value: str | None) -> set[str] | None:
+    """The names of a comma-separated setting (``LOADER_PLUGINS``, ...); ``None`` when it is unset."""
     if value is None:
         return None
     return {part.strip() for part in value.split(",") if part.strip()}
@@ -128,8 +129,8 @@ def create_plugin_host(*, load_entry_points: bool = True,
         host.register(module, name, distribution="loader-core", version=version)
 
     if load_entry_points:
-        _load_entry_points(host, allow=_name_list(env.get("LOADER_PLUGINS")),
-                           deny=_name_list(env.get("LOADER_DISABLE_PLUGINS")) or set())
+        _load_entry_points(host, allow=comma_names(env.get("LOADER_PLUGINS")),
+                           deny=comma_names(env.get("LOADER_DISABLE_PLUGINS")) or set())
     pm.check_pending()
     return host
 

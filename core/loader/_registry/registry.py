@@ -55,8 +55,10 @@ def override_setting(environ: Mapping[str, str] | None = None) -> frozenset[str]
 
     Comma-separated names, or ``*`` for every architecture; unset or empty overrides nothing.
     """
+    from .._plugins import comma_names  # the allow/deny lists' parsing, so all three settings read alike
+
     env = os.environ if environ is None else environ
-    return frozenset(part.strip() for part in env.get(OVERRIDE_ENV, "").split(",") if part.strip())
+    return frozenset(comma_names(env.get(OVERRIDE_ENV)) or ())
 
 @attrs.frozen
 class ModelChoice:
