@@ -22,7 +22,7 @@ from __future__ import annotations
 import abc
 import types
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from ..errors import FusedLayerSkipError, LoadError, PluginError
 from .param_layout import ParamLayout, WeightLoader, set_param_layout
@@ -134,8 +134,29 @@ class QuantizationConfig:
         return weights
 
 
+_State = TypeVar("_State")
+
+
 class QuantizeMethodBase(abc.ABC):
     """How one layer's parameters are created, used and finished."""
+
+    #: the layer attribute holding this method's own record of the layer (see :meth:`set_layer_state`).
+    layer_state_attr: ClassVar[str] = "quant_state"
+
+    def set_layer_state(self, layer: nn.Module, state: object) -> None:
+        """Keep ``state`` (this method's typed record of ``layer``: sizes, parts seen, kernel) on the layer.
+
+        A method that needs more than its parameters between ``create_weights``,
+        loading and ``apply`` stores it here rather than in untyped attributes.
+        """
+        setattr(layer, self.layer_state_attr, state)
+
+    def layer_state(self, layer: nn.Module, kind: type[_State]) -> _State:
+        """The record :meth:`set_layer_state` kept; ``TypeError`` if this method did not set ``layer`` up."""
+        state = getattr(layer, self.layer_state_attr, None)
+        if not isinstance(state, kind):
+            raise TypeError(f"{type(layer).__name__} was not set up by {type(self).__name__}.create_weights")
+        return state
 
     @abc.abstractmethod
     def create_weights(self, layer: nn.Module, *args: Any, **kwargs: Any) -> None:

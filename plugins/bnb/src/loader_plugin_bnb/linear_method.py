@@ -49,13 +49,6 @@ DUMMY_ABSMAX = 1e-3
 """Block scale of layers filled by ``load_format="dummy"`` (the magnitude of its dense dummy weights)."""
 
 
-def _codes(layer: nn.Module) -> LayerCodes:
-    codes = getattr(layer, "bnb_codes", None)
-    if not isinstance(codes, LayerCodes):
-        raise TypeError(f"{type(layer).__name__} was not set up by BitsAndBytesLinearMethod.create_weights")
-    return codes
-
-
 def _shard_ids(layer: nn.Module) -> list[ShardId]:
     """The parts of a fused layer, in order (the layer's own list)."""
     return list(cast("LinearBase", layer).shard_ids())
@@ -63,6 +56,8 @@ def _shard_ids(layer: nn.Module) -> list[ShardId]:
 
 class BitsAndBytesLinearMethod(LinearMethodBase):
     """NF4/FP4 weights for one linear layer: created, loaded, finished and multiplied."""
+
+    layer_state_attr = "bnb_codes"
 
     def __init__(self, config: BitsAndBytesConfig) -> None:
         self.config = config
@@ -99,7 +94,7 @@ class BitsAndBytesLinearMethod(LinearMethodBase):
         layer.register_parameter("weight", weight)
         layer.register_buffer("weight_absmax", torch.empty(codes.blocks, dtype=torch.float32))
         layer.register_buffer("weight_quant_map", torch.empty(16, dtype=torch.float32))
-        layer.bnb_codes = codes  # type: ignore[assignment]
+        self.set_layer_state(layer, codes)
 
     # -- loading -----------------------------------------------------------------------------------
 
@@ -111,7 +106,7 @@ class BitsAndBytesLinearMethod(LinearMethodBase):
         tensor where a packed one belongs, and a TP split that would cut a
         quantization block.
         """
-        codes = _codes(layer)
+        codes = self.layer_state(layer, LayerCodes)
         if codes.prequantized and not isinstance(loaded, Packed4bitTensor):
             raise CheckpointFormatError(
                 f"{loaded.describe()}: {codes.prefix} expects a bitsandbytes 4-bit weight (packed uint8 "
@@ -131,7 +126,7 @@ class BitsAndBytesLinearMethod(LinearMethodBase):
 
     def _load_part(self, layer: LinearBase, param: torch.Tensor, part: NarrowedPart) -> None:
         """This rank's rows of one part, already narrowed by the layer: quantize them, or copy their codes."""
-        codes = _codes(layer)
+        codes = self.layer_state(layer, LayerCodes)
         narrowed = part.narrowed
         if isinstance(narrowed, Packed4bitTensor):
             header = narrowed.header
@@ -171,7 +166,7 @@ class BitsAndBytesLinearMethod(LinearMethodBase):
         packed bytes filled directly (``load_format="dummy"``): its scales are
         set to a small constant so the random codes give small random weights.
         """
-        codes = _codes(layer)
+        codes = self.layer_state(layer, LayerCodes)
         if codes.finished:
             return
         if not codes.loaded:
@@ -195,7 +190,7 @@ class BitsAndBytesLinearMethod(LinearMethodBase):
 
     def float_absmax(self, layer: nn.Module) -> torch.Tensor:
         """The per-block float32 ``absmax`` (dequantized, module by module, when double-quantized)."""
-        codes = _codes(layer)
+        codes = self.layer_state(layer, LayerCodes)
         if codes.nested is None:
             return tensor_of(layer, "weight_absmax")
         return dequantize_layer(tensor_of(layer, "weight_absmax"), tensor_of(layer, "weight_nested_absmax"),
@@ -203,7 +198,7 @@ class BitsAndBytesLinearMethod(LinearMethodBase):
 
     def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
         """This rank's weight ``(rows, cols)`` in the dtype it was quantized from."""
-        codes = _codes(layer)
+        codes = self.layer_state(layer, LayerCodes)
         return dequantize_blocks(tensor_of(layer, "weight"), self.float_absmax(layer),
                                  tensor_of(layer, "weight_quant_map"),
                                  (codes.rows, codes.cols), codes.blocksize, codes.weight_dtype)
@@ -229,7 +224,7 @@ class BitsAndBytesLinearMethod(LinearMethodBase):
         """
         from bitsandbytes.functional import QuantState
 
-        codes = _codes(layer)
+        codes = self.layer_state(layer, LayerCodes)
         return QuantState(
             absmax=self.float_absmax(layer), shape=torch.Size((codes.rows, codes.cols)),
             code=tensor_of(layer, "weight_quant_map"),

@@ -109,15 +109,10 @@ class GGUFLayerState:
     choice: LayerChoice | None = None
 
 
-def _state(layer: nn.Module) -> GGUFLayerState:
-    state = getattr(layer, "gguf_state", None)
-    if not isinstance(state, GGUFLayerState):
-        raise TypeError(f"{type(layer).__name__} was not set up by GGUFLinearMethod.create_weights")
-    return state
-
-
 class GGUFLinearMethod(LinearMethodBase):
     """One parallel linear layer of a GGUF file: parts remembered, then packed to int4 or dequantized."""
+
+    layer_state_attr = "gguf_state"
 
     def __init__(self, config: GGUFQuantConfig) -> None:
         self.config = config
@@ -142,8 +137,8 @@ class GGUFLinearMethod(LinearMethodBase):
                                              logical_shape=(rows, cols),
                                              load_part=functools.partial(self._record, linear)))
         layer.register_parameter("weight", weight)
-        layer.gguf_state = GGUFLayerState(  # type: ignore[assignment]
-            prefix=linear.prefix or type(layer).__name__, rows=rows, cols=cols, params_dtype=params_dtype)
+        self.set_layer_state(layer, GGUFLayerState(
+            prefix=linear.prefix or type(layer).__name__, rows=rows, cols=cols, params_dtype=params_dtype))
 
     def _record(self, layer: LinearBase, param: torch.Tensor, part: NarrowedPart) -> None:
         """Remember this rank's narrowed part (nothing is read until every part is in)."""
@@ -154,11 +149,11 @@ class GGUFLinearMethod(LinearMethodBase):
                 f"{tensor.describe()}: quantization={METHOD_NAME!r} keeps GGUF blocks packed, but this tensor "
                 "does not come from a GGUF file; load it without that option"
             )
-        _state(layer).parts.append(part)
+        self.layer_state(layer, GGUFLayerState).parts.append(part)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Pack the layer's parts into torch's int4 layout, or dequantize them (reason recorded)."""
-        state = _state(layer)
+        state = self.layer_state(layer, GGUFLayerState)
         if state.choice is not None:
             return
         parts = sorted(state.parts, key=lambda p: p.offset)
@@ -202,7 +197,7 @@ class GGUFLinearMethod(LinearMethodBase):
 
     def int4_weight(self, layer: nn.Module) -> Int4CpuWeight | None:
         """The layer's packed weight (built on its current buffers), ``None`` when it was dequantized."""
-        state = _state(layer)
+        state = self.layer_state(layer, GGUFLayerState)
         if state.choice is None:
             raise RuntimeError(f"{state.prefix}: weights are not processed yet")
         if state.choice.kernel != "int4":

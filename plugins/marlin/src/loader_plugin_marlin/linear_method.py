@@ -51,15 +51,10 @@ class PackedLayerState:
     kernel: LayerKernel | None = None
 
 
-def _state(layer: nn.Module) -> PackedLayerState:
-    state = getattr(layer, "packed_state", None)
-    if not isinstance(state, PackedLayerState):
-        raise TypeError(f"{type(layer).__name__} was not set up by PackedLinearMethod.create_weights")
-    return state
-
-
 class PackedLinearMethod(LinearMethodBase):
     """One layer of a packed checkpoint: created, loaded, checked, given a kernel and multiplied."""
+
+    layer_state_attr = "packed_state"
 
     def __init__(self, config: PackedQuantConfig) -> None:
         self.config = config
@@ -87,8 +82,8 @@ class PackedLinearMethod(LinearMethodBase):
             param = torch.nn.Parameter(torch.empty(spec.shape, dtype=spec.dtype), requires_grad=False)
             set_param_layout(param, self._layout(linear, spec, weight_loader))
             layer.register_parameter(spec.name, param)
-        layer.packed_state = PackedLayerState(  # type: ignore[assignment]
-            geometry=geometry, names=tuple(spec.name for spec in specs), params_dtype=params_dtype)
+        self.set_layer_state(layer, PackedLayerState(
+            geometry=geometry, names=tuple(spec.name for spec in specs), params_dtype=params_dtype))
 
     def _layout(self, layer: LinearBase, spec: ParamSpec, weight_loader: WeightLoader) -> ParamLayout:
         load_part = None
@@ -101,7 +96,7 @@ class PackedLinearMethod(LinearMethodBase):
 
     def _load_g_idx(self, layer: LinearBase, name: str, param: torch.Tensor, part: NarrowedPart) -> None:
         """Copy this rank's ``g_idx``; every part of a fused layer must bring the same one (one input, one order)."""
-        state = _state(layer)
+        state = self.layer_state(layer, PackedLayerState)
         values = part.narrowed.read(torch.int32)
         if state.g_idx_parts and not torch.equal(values, param.data):
             raise CheckpointFormatError(
@@ -116,21 +111,22 @@ class PackedLinearMethod(LinearMethodBase):
         values = [int(v) for v in part.narrowed.read(torch.int64).flatten().tolist()]
         expected = [layer.output_part(part.shard_id).full, layer.input_size]
         if values != expected:
+            prefix = self.layer_state(layer, PackedLayerState).geometry.prefix
             raise CheckpointFormatError(
                 f"{part.narrowed.describe()}: records an unpacked weight of shape {values}, but "
-                f"{_state(layer).geometry.prefix} part {part.shard_id!r} has shape {expected}"
+                f"{prefix} part {part.shard_id!r} has shape {expected}"
             )
         param.data.copy_(torch.tensor(expected, dtype=param.dtype))
 
     def quantized_weight(self, layer: nn.Module) -> QuantizedWeight:
         """This rank's weight in the internal representation, checked (before the kernel is chosen)."""
-        state = _state(layer)
+        state = self.layer_state(layer, PackedLayerState)
         tensors = {name: cast(torch.Tensor, getattr(layer, name)).data for name in state.names}
         return self.config.layout.to_quantized(tensors, state.geometry)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Convert and check the checkpoint tensors, choose the kernel, replace the parameters by its buffers."""
-        state = _state(layer)
+        state = self.layer_state(layer, PackedLayerState)
         if state.kernel is not None:
             return
         kernel = choose_kernel(self.quantized_weight(layer), self.config.kernel, state.params_dtype)
@@ -143,10 +139,10 @@ class PackedLinearMethod(LinearMethodBase):
 
     def kernel(self, layer: nn.Module) -> LayerKernel:
         """The kernel chosen after loading."""
-        kernel = _state(layer).kernel
-        if kernel is None:
-            raise RuntimeError(f"{_state(layer).geometry.prefix}: weights are not processed yet (no kernel chosen)")
-        return kernel
+        state = self.layer_state(layer, PackedLayerState)
+        if state.kernel is None:
+            raise RuntimeError(f"{state.geometry.prefix}: weights are not processed yet (no kernel chosen)")
+        return state.kernel
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         out = self.kernel(layer).matmul(x)
