@@ -76,7 +76,9 @@ def iter_declared_tensors(files: Sequence[str], stats: ReadStats) -> Iterator[tu
         if "://" in file:
             uri = parse_object_uri(file.rsplit("/", 1)[0])
             name = file.rsplit("/", 1)[1]
-            store = stores.setdefault(str(uri), ObjectStore(uri))
+            store = stores.get(str(uri))
+            if store is None:  # one client per prefix (setdefault would build one per file)
+                store = stores[str(uri)] = ObjectStore(uri)
             size = store.head(name).size
 
             def read_range(start: int, length: int, store: ObjectStore = store, name: str = name) -> bytes:

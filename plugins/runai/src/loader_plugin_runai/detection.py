@@ -60,11 +60,12 @@ def detect_remote(source: Source, requested: str, rank: int, tp_size: int) -> We
         return None
     if requested == RUNAI_SHARDED or (requested == "auto" and folder.has(MARKER)):
         return _remote_sharded(folder, rank, tp_size)
-    names = [n for n in folder.list_files() if n.endswith(SUFFIX)]
+    listed = list(folder.list_files())
+    names = [n for n in listed if n.endswith(SUFFIX)]
     if not names:
-        shown = ", ".join(folder.list_files()[:8])
+        shown = ", ".join(listed[:8])
         raise SourceNotFoundError(f"{folder}: no *.safetensors objects under this prefix (found: {shown})")
-    index = _index_name(list(folder.list_files()))
+    index = _index_name(listed)
     return WeightFormat(RUNAI, tuple(folder.uri.join(n) for n in names),
                         index=folder.uri.join(index) if index is not None else None,
                         extra={"snapshot": object_snapshot(folder.uri, folder.listing(), names)})
