@@ -25,7 +25,7 @@ from torch import nn
 
 from loader.errors import UnsupportedError
 from loader.layers import ColumnParallelLinear, LinearBase, RowParallelLinear
-from loader.models import current_session
+from loader.models import current_session, divide
 
 if TYPE_CHECKING:
     from loader.layers import QuantizationConfig
@@ -86,10 +86,8 @@ def check_head_split(config: object, architecture: str, tp: int) -> None:
     """Heads must split evenly: transformers' attention infers this rank's head count from its q/k/v rows."""
     for field in ("num_attention_heads", "num_key_value_heads"):
         value = getattr(config, field, None)
-        if isinstance(value, int) and value % tp:
-            raise UnsupportedError(
-                f"{architecture}: {field}={value} is not divisible by tensor parallel size {tp}"
-            )
+        if isinstance(value, int):
+            divide(value, tp, f"{architecture}: {field}")
 
 
 def swap_linears(hf_model: nn.Module, *, architecture: str, plan: Mapping[str, str] | None,
