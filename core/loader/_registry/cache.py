@@ -23,7 +23,7 @@ import logging
 import os
 import re
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import attrs
@@ -58,8 +58,13 @@ class ProbeCache:
     def path_for(self, entry: RegisteredModel, key: str) -> Path:
         return self.directory / f"{_safe_name(entry)}-{key[:40]}.json"
 
-    def load(self, entry: RegisteredModel, key: str) -> ModelInfo | None:
-        """The cached info, or ``None`` if absent, unreadable, corrupt or for another key."""
+    def load(self, entry: RegisteredModel, key: str,
+             fingerprint: Callable[[str], str | None] = source_fingerprint) -> ModelInfo | None:
+        """The cached info, or ``None`` if absent, unreadable, corrupt, for another key, or stale.
+
+        ``fingerprint`` gives a package's source digest (a caller checking many entries passes a
+        memoized one, so each package's files are walked once).
+        """
         path = self.path_for(entry, key)
         try:
             text = path.read_text(encoding="utf-8")
@@ -83,18 +88,19 @@ class ProbeCache:
             return None
         if info.architecture != entry.architecture:
             return None
-        if any(source_fingerprint(package) != digest for package, digest in stored.items()):
+        if any(fingerprint(package) != digest for package, digest in stored.items()):
             log.debug("model-info cache file %s is stale: a package of the class's MRO changed", path)
             return None
         return info
 
-    def store(self, entry: RegisteredModel, key: str, info: ModelInfo, packages: Iterable[str] = ()) -> None:
+    def store(self, entry: RegisteredModel, key: str, info: ModelInfo, packages: Iterable[str] = (),
+              fingerprint: Callable[[str], str | None] = source_fingerprint) -> None:
         """Write atomically (temporary file, then ``os.replace``), then prune; failures are logged, not raised.
 
         ``packages`` are the top-level packages of the class's MRO; their fingerprints are stored with it.
         """
         path = self.path_for(entry, key)
-        digests = {p: digest for p in sorted(set(packages)) if (digest := source_fingerprint(p)) is not None}
+        digests = {p: digest for p in sorted(set(packages)) if (digest := fingerprint(p)) is not None}
         payload = {"format": CACHE_FORMAT, "key": key, "architecture": entry.architecture,
                    "class_path": entry.class_path, "packages": digests, "info": info.to_json()}
         tmp: str | None = None

@@ -300,7 +300,14 @@ class ModelRegistry:
                     outcomes[entry.architecture] = self._probe_here(entry)
                 else:
                     pending.append(entry)
-            to_probe = self._read_cache(pending, outcomes)
+            fingerprints: dict[str, str | None] = {}
+
+            def fingerprint_of(package: str) -> str | None:  # each package's files walked once per call
+                if package not in fingerprints:
+                    fingerprints[package] = source_fingerprint(package)
+                return fingerprints[package]
+
+            to_probe = self._read_cache(pending, outcomes, fingerprint_of)
             if to_probe:
                 packages: dict[str, list[str]] = {}
                 probed = probe_in_child([entry for entry, _ in to_probe], packages)
@@ -310,7 +317,8 @@ class ModelRegistry:
                     if isinstance(outcome, ModelInfo):
                         self._infos[entry.architecture] = outcome
                         if key is not None:
-                            self.cache.store(entry, key, outcome, packages.get(entry.architecture, ()))
+                            self.cache.store(entry, key, outcome, packages.get(entry.architecture, ()),
+                                             fingerprint_of)
         return {name: outcomes[name] for name in names}
 
     def _probe_here(self, entry: RegisteredModel) -> ProbeOutcome:
@@ -321,23 +329,19 @@ class ModelRegistry:
         self._infos[entry.architecture] = info
         return info
 
-    def _read_cache(self, entries: list[RegisteredModel],
-                    outcomes: dict[str, ProbeOutcome]) -> list[tuple[RegisteredModel, str | None]]:
+    def _read_cache(self, entries: list[RegisteredModel], outcomes: dict[str, ProbeOutcome],
+                    fingerprint_of: Callable[[str], str | None]) -> list[tuple[RegisteredModel, str | None]]:
         """Fill ``outcomes`` from disk; return the entries still to probe with their cache keys."""
-        sources: dict[str, str | None] = {}
         missing: list[tuple[RegisteredModel, str | None]] = []
         for entry in entries:
-            package = entry.top_level_package
-            if package not in sources:
-                sources[package] = source_fingerprint(package)
-            fingerprint = sources[package]
+            fingerprint = fingerprint_of(entry.top_level_package)
             if entry.fallback and fingerprint is not None:
                 # What a fallback covers follows the library it wraps: key on its version too (no key: no cache).
                 wrapped = self._fallback_distribution
                 versions = requirements_fingerprint(wrapped) if wrapped else None
                 fingerprint = None if versions is None else fingerprint + versions
             key = None if fingerprint is None else cache_key(entry, fingerprint)
-            cached = None if key is None else self.cache.load(entry, key)
+            cached = None if key is None else self.cache.load(entry, key, fingerprint_of)
             if cached is None:
                 missing.append((entry, key))
             else:
