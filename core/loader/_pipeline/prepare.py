@@ -24,6 +24,7 @@ from .._session import current_session
 from ..checkpoint import Source, WeightFormat, is_training_artifact, read_json_object
 from ..errors import CheckpointFormatError, ConfigError, SourceNotFoundError
 from .remote_index import filter_by_remote_index
+from .weight_map import weight_map_files
 
 __all__ = ["PreparedCheckpoint", "filter_weight_files", "prepare_checkpoint"]
 
@@ -67,29 +68,11 @@ def _in_original(folder: Path | None, file: str) -> bool:
 
 
 def _index_files(index_path: Path, folder: Path, boundary: FolderBoundary) -> set[Path]:
-    index = read_json_object(index_path, "weight index")
-    weight_map = index.get("weight_map")
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise CheckpointFormatError(f"{index_path}: 'weight_map' must be a non-empty object of tensor -> file")
-    first_tensor: dict[str, str] = {}  # each file once, however many tensors name it
-    for tensor, file in weight_map.items():
-        if not isinstance(file, str) or not file:
-            raise CheckpointFormatError(f"{index_path}: weight_map[{tensor!r}] must be a file name, found {file!r}")
-        first_tensor.setdefault(file, tensor)
-    if len(first_tensor) > MAX_INDEX_FILES:
-        raise CheckpointFormatError(
-            f"{index_path}: weight_map names {len(first_tensor)} different files, more than the "
-            f"{MAX_INDEX_FILES} a checkpoint may be split into"
-        )
+    first_tensor = weight_map_files(read_json_object(index_path, "weight index"), str(index_path), MAX_INDEX_FILES)
     named: set[Path] = set()
     present: set[Path] = set()
     for file, tensor in first_tensor.items():
-        rel = PurePosixPath(file)
-        if rel.is_absolute() or ".." in rel.parts:
-            raise CheckpointFormatError(
-                f"{index_path}: weight_map[{tensor!r}] = {file!r} points outside the model folder"
-            )
-        path = folder / rel
+        path = folder / PurePosixPath(file)
         try:
             linked = path.is_symlink() or path.exists()
             is_file = path.is_file()

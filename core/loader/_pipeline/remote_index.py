@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 
 from ..checkpoint import Source, WeightFormat, read_json_object, read_source_file
-from ..errors import CheckpointFormatError, SourceNotFoundError
+from ..errors import SourceNotFoundError
+from .weight_map import weight_map_files
 
 __all__ = ["filter_by_remote_index"]
 
@@ -23,21 +24,9 @@ def _named_files(source: Source, index: str) -> set[str]:
     data = read_source_file(source, name)
     if data is None:
         raise SourceNotFoundError(f"{index}: the weight index the format named cannot be read from the source")
-    weight_map = read_json_object(data, "weight index", index).get("weight_map")
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise CheckpointFormatError(f"{index}: 'weight_map' must be a non-empty object of tensor -> file")
+    files = weight_map_files(read_json_object(data, "weight index", index), index)
     base = PurePosixPath(name).parent
-    named: set[str] = set()
-    for tensor, file in weight_map.items():
-        if not isinstance(file, str) or not file:
-            raise CheckpointFormatError(f"{index}: weight_map[{tensor!r}] must be a file name, found {file!r}")
-        rel = PurePosixPath(file)
-        if rel.is_absolute() or ".." in rel.parts:
-            raise CheckpointFormatError(
-                f"{index}: weight_map[{tensor!r}] = {file!r} points outside the model folder"
-            )
-        named.add(str(base / rel) if str(base) != "." else str(rel))
-    return named
+    return {str(base / file) if str(base) != "." else str(PurePosixPath(file)) for file in files}
 
 
 def filter_by_remote_index(source: Source, weight_format: WeightFormat, files: list[str]) -> list[str]:
