@@ -107,10 +107,12 @@ def filter_weight_files(source: Source, weight_format: WeightFormat) -> WeightFo
     if weight_format.index is not None and folder is not None and boundary is not None:
         boundary.require_inside(Path(weight_format.index))
         named = _index_files(Path(weight_format.index), folder, boundary)
-        named_real = {p.resolve() for p in named}
-        files = [f for f in files if Path(f).resolve() in named_real]
-        present = {Path(f).resolve() for f in files}
-        absent = sorted(str(p.relative_to(folder)) for p in named if p.resolve() not in present)
+        named_real = {p: p.resolve() for p in named}  # each path resolved once (a readlink walk per call)
+        wanted = set(named_real.values())
+        files_real = {f: Path(f).resolve() for f in files}
+        files = [f for f in files if files_real[f] in wanted]
+        present = {files_real[f] for f in files}
+        absent = sorted(str(p.relative_to(folder)) for p, real in named_real.items() if real not in present)
         if absent:
             raise SourceNotFoundError(
                 f"{weight_format.index}: the index names shard(s) the {weight_format.name} format did not "
