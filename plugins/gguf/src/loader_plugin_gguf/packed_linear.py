@@ -51,7 +51,7 @@ from loader.layers import (
 )
 from loader.weights import RowPermutedTensor
 
-from .q4_blocks import GROUP_SIZE, AffineRows, affine_rows
+from .q4_blocks import GROUP_SIZE, AffineRows, affine_rows, packing_reason
 from .tensors import GGUFTensor
 
 if TYPE_CHECKING:
@@ -162,18 +162,17 @@ class GGUFLinearMethod(LinearMethodBase):
                                         f"{state.rows} rows")
         device = cast(torch.Tensor, layer.weight).device
         types = tuple(p.narrowed.stored_type for p in parts)
-        decoded: list[AffineRows] = []
         reason = None if device.type == "cpu" else f"the packed int4 kernel runs on the CPU, not {device}"
         for part in parts if reason is None else ():
-            found = affine_rows(part.narrowed)
-            if isinstance(found, str):
+            found = packing_reason(part.narrowed)
+            if found is not None:
                 reason = found if part.shard_id is None else f"part {part.shard_id!r}: {found}"
                 break
-            decoded.append(found)
+        # every reason is known before a block is read, so a layer that falls back reads its parts once
         reason = reason or int4_unsupported_reason(state.rows, state.cols, GROUP_SIZE)
         delattr(layer, "weight")
         if reason is None:
-            packed = self._pack(decoded, state.params_dtype)
+            packed = self._pack([affine_rows(part.narrowed) for part in parts], state.params_dtype)
             layer.register_buffer("packed_weight", packed.data)
             layer.register_buffer("packed_scales_and_zeros", packed.scales_and_zeros)
             size = packed.data.numel() + packed.scales_and_zeros.numel() * packed.scales_and_zeros.element_size()

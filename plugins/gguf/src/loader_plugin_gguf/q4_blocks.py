@@ -26,7 +26,7 @@ from .dequantize import block_shape
 from .kernels_legacy import half_at, nibbles
 from .tensors import GGUFTensor
 
-__all__ = ["GROUP_SIZE", "PACKED_TYPES", "AffineRows", "affine_rows", "decode_q4"]
+__all__ = ["GROUP_SIZE", "PACKED_TYPES", "AffineRows", "affine_rows", "decode_q4", "packing_reason"]
 
 Q = GGMLQuantizationType
 GROUP_SIZE = 32
@@ -77,22 +77,31 @@ def _gguf_window(tensor: CheckpointTensor) -> tuple[GGUFTensor, torch.Tensor | N
     return tensor, perm
 
 
-def affine_rows(tensor: CheckpointTensor) -> AffineRows | str:
-    """This part's codes, scales and biases read from its blocks, or the reason it must be dequantized instead.
-
-    Only the rows and whole blocks of the window are read (a TP rank reads its
-    own heads); the read is added to the tensor's :class:`~loader.weights.ReadStats`.
-    """
+def packing_reason(tensor: CheckpointTensor) -> str | None:
+    """Why this part cannot be packed (it must be dequantized instead), or ``None``; nothing is read."""
     found = _gguf_window(tensor)
     if isinstance(found, str):
         return found
-    window, perm = found
+    window, _ = found
     if window.info.ggml_type not in PACKED_TYPES:
         return f"ggml type {window.stored_type} has no packed int4 kernel"
     if len(window.shape) != 2:
         return f"a {len(window.shape)}-d tensor is not a linear weight"
     if not window.block_aligned:
         return "the tensor parallel split cuts a 32-value block"
+    return None
+
+
+def affine_rows(tensor: CheckpointTensor) -> AffineRows:
+    """This part's codes, scales and biases read from its blocks (:func:`packing_reason` must be ``None``).
+
+    Only the rows and whole blocks of the window are read (a TP rank reads its
+    own heads); the read is added to the tensor's :class:`~loader.weights.ReadStats`.
+    """
+    found = _gguf_window(tensor)
+    if isinstance(found, str) or packing_reason(tensor) is not None:
+        raise ValueError(f"{tensor.describe()}: cannot be packed ({packing_reason(tensor)})")
+    window, perm = found
     if perm is not None and perm.numel():
         lo, hi = int(perm.min()), int(perm.max())
         window = window.narrow(0, lo, hi - lo + 1)
