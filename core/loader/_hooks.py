@@ -22,7 +22,7 @@ import pluggy
 
 from ._known_plugins import formats_of_files, missing_plugin_hint
 from ._plugin_guard import calling_plugin, recording_answers
-from .errors import LoadError, PluginError
+from .errors import ConfigError, LoadError, PluginError, SourceNotFoundError, UnsupportedError
 
 if TYPE_CHECKING:
     import torch
@@ -86,8 +86,6 @@ def _first(caller: pluggy.HookCaller, **kwargs: Any) -> Answer | None:
 
 def resolve_source(location: str, options: LoadOptions, host: PluginHost | None = None) -> Source:
     """Resolve a location; raises :class:`~loader.errors.SourceNotFoundError` if nobody can."""
-    from .errors import SourceNotFoundError
-
     found = _first(_host(host).pm.hook.loader_resolve_source, location=location, options=options)
     if found is None:
         scheme, sep, _ = location.partition("://")
@@ -102,8 +100,6 @@ def resolve_source(location: str, options: LoadOptions, host: PluginHost | None 
 
 def detect_format(source: Source, requested: str, host: PluginHost | None = None) -> WeightFormat:
     """Choose the weight format; raises if no plugin recognises the files."""
-    from .errors import SourceNotFoundError, UnsupportedError
-
     plugins = _host(host)
     found = _first(plugins.pm.hook.loader_detect_format, source=source, requested=requested)
     if found is None:
@@ -123,8 +119,6 @@ def detect_format(source: Source, requested: str, host: PluginHost | None = None
 
 def read_config(source: Source, weight_format: WeightFormat, host: PluginHost | None = None) -> Mapping[str, Any]:
     """The model configuration; raises :class:`~loader.errors.ConfigError` if there is none."""
-    from .errors import ConfigError
-
     found = _first(_host(host).pm.hook.loader_read_config, source=source, weight_format=weight_format)
     if found is None:
         raise ConfigError(f"{source.display()}: no config.json and no plugin could derive a configuration")
@@ -144,8 +138,6 @@ def iter_weights(
     host: PluginHost | None = None, model: nn.Module | None = None,
 ) -> WeightStream:
     """The owning plugin's lazy iterator; errors while iterating name the plugin (its stream is guarded)."""
-    from .errors import UnsupportedError
-
     found = _first(_host(host).pm.hook.loader_iter_weights, source=source,
                    weight_format=weight_format, options=options, stats=stats, model=model)
     if found is None:
@@ -182,8 +174,6 @@ def detect_quantization(
     host: PluginHost | None = None,
 ) -> QuantizationConfig | None:
     """The quantization config, ``None`` for a plain load; raises if a request has no plugin."""
-    from .errors import UnsupportedError
-
     found = _first(_host(host).pm.hook.loader_detect_quantization, hf_config=hf_config,
                    requested=requested, options=options)
     if found is not None:
