@@ -76,7 +76,7 @@ class LinearBase(ShardedWeightLoading, nn.Module):
         self.tp_size = session.tp_size
 
     def _label(self, field: str) -> str:
-        return f"{self.prefix or type(self).__name__} {field}"
+        return f"{self.display_name} {field}"
 
     def _create_weights(
         self, input_size_per_partition: int, output_partition_sizes: list[int], bias_size: int | None

@@ -107,9 +107,13 @@ class ShardedWeightLoading:
     def _shard_ids(self) -> list[ShardId]:
         return [None]
 
+    @property
+    def display_name(self) -> str:
+        """How messages name this layer: its prefix, or its class for a layer built without one."""
+        return self.prefix or type(self).__name__
+
     def _what(self, shard_id: ShardId = None) -> str:
-        what = self.prefix or type(self).__name__
-        return what if shard_id is None else f"{what} shard {shard_id!r}"
+        return self.display_name if shard_id is None else f"{self.display_name} shard {shard_id!r}"
 
     def _packed(self, value: int, pack: int, role: str, shard_id: ShardId) -> int:
         """``value`` logical features in stored elements; refuse a split inside a packed element."""
@@ -193,7 +197,7 @@ class ShardedWeightLoading:
             return
         narrowed, offset, size = self.shard_slice(layout, shape, loaded, shard_id)
         destination = param.data if output_dim is None else param.data.narrow(output_dim, offset, size)
-        check_shape(narrowed, destination.shape, self.prefix or type(self).__name__)
+        check_shape(narrowed, destination.shape, self.display_name)
         fill_parameter(param, narrowed, output_dim, offset)
 
     def _load_fused(self, param: torch.Tensor, layout: ParamLayout, shape: Sequence[int],
@@ -207,7 +211,7 @@ class ShardedWeightLoading:
         expected[output_dim] = sum(fulls)
         if self._splits_input and layout.input_dim is not None:
             expected[layout.input_dim] *= self.tp_size
-        check_shape(loaded, expected, f"{self.prefix or type(self).__name__} (fused)")
+        check_shape(loaded, expected, f"{self.display_name} (fused)")
         start = 0
         for sid, full in zip(self._shard_ids(), fulls, strict=True):
             self.weight_loader(param, loaded.narrow(output_dim, start, full), sid)

@@ -138,7 +138,7 @@ class GGUFLinearMethod(LinearMethodBase):
                                              load_part=functools.partial(self._record, linear)))
         layer.register_parameter("weight", weight)
         self.set_layer_state(layer, GGUFLayerState(
-            prefix=linear.prefix or type(layer).__name__, rows=rows, cols=cols, params_dtype=params_dtype))
+            prefix=linear.display_name, rows=rows, cols=cols, params_dtype=params_dtype))
 
     def _record(self, layer: LinearBase, param: torch.Tensor, part: NarrowedPart) -> None:
         """Remember this rank's narrowed part (nothing is read until every part is in)."""

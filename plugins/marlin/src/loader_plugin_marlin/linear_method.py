@@ -73,7 +73,7 @@ class PackedLinearMethod(LinearMethodBase):
         cfg, layout = self.config, self.config.layout
         linear = cast("LinearBase", layer)
         geometry = layer_geometry(
-            linear.prefix or type(layer).__name__, input_size_per_partition, list(output_partition_sizes),
+            linear.display_name, input_size_per_partition, list(output_partition_sizes),
             input_size, tp_rank=linear.tp_rank, tp_size=linear.tp_size, bits=cfg.bits, group_size=cfg.group_size,
             act_order=cfg.act_order, input_pack=layout.input_pack, output_pack=layout.output_pack,
         )
