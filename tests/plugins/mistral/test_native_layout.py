@@ -113,3 +113,25 @@ def test_a_native_tensor_and_its_hugging_face_twin_are_refused(twins, tmp_path):
     file = folder / "consolidated.safetensors"
     assert sorted(str(info.value).removeprefix("tensor 'model.layers.0.self_attn.q_proj.weight' appears twice: in ")
                   .split(" and in ")) == [f"{file}", f"{file} (stored as 'layers.0.attention.wq.weight')"]
+
+
+@pytest.mark.parametrize("name", ["consolidated.safetensors.index.json", "consolidated.safetensors"])
+def test_a_native_file_linking_out_of_the_folder_is_refused_by_name(twins, tmp_path, name):
+    """The native layout's files follow the core's folder rule: a link out of the folder is refused before reading."""
+    import shutil
+
+    from loader.errors import LoadError
+
+    native, _, _ = twins
+    folder = tmp_path / "native"
+    shutil.copytree(native, folder)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    target = folder / name
+    if not target.exists():  # the twin has no index: make one that names the single file
+        target.write_text('{"weight_map": {}}')
+    moved = outside / name
+    shutil.move(target, moved)
+    target.symlink_to(moved)
+    with pytest.raises(LoadError, match=f"{name}.* resolves to .*outside the model folder"):
+        load(folder)

@@ -22,7 +22,7 @@ from typing import Any
 
 import attrs
 
-from loader.checkpoint import Source, WeightFormat
+from loader.checkpoint import Source, WeightFormat, side_file
 from loader.weights import CheckpointTensor, WeightStream, interleaved_to_half_rotary
 
 __all__ = ["NativeNames", "native_to_hf_name", "native_to_hf_weights", "native_weight_format"]
@@ -113,11 +113,12 @@ def native_weight_format(source: Source, requested: str) -> WeightFormat | None:
     folder = source.directory
     if requested not in ("auto", SAFETENSORS) or folder is None or source.path is None:
         return None
-    if not (folder / "params.json").is_file() or (folder / "config.json").is_file():
+    # the same files, judged by the same rule, as the native config reader: a link out of the folder is refused
+    if side_file(folder, "params.json") is None or side_file(folder, "config.json") is not None:
         return None
     candidates = [source.path] if source.path.is_file() else sorted(folder.iterdir())
     files = tuple(str(p) for p in candidates if is_consolidated(p.name) and p.is_file())
     if not files:
         return None
-    index = folder / "consolidated.safetensors.index.json"
-    return WeightFormat(SAFETENSORS, files, index=str(index) if index.is_file() else None, renaming=NativeNames())
+    index = side_file(folder, "consolidated.safetensors.index.json")
+    return WeightFormat(SAFETENSORS, files, index=str(index) if index else None, renaming=NativeNames())
