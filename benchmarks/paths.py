@@ -128,6 +128,26 @@ def transformers_from_pretrained(source: Path, state: Any) -> dict[str, Any]:
     return {"pages_touched": pages, "parameter_bytes": _parameter_bytes(model)}
 
 
+# --- torch.load of .bin shards (bench_bin_read.py) --------------------------------------
+
+
+def _setup_torch_load(source: Path) -> None:
+    import torch  # noqa: F401
+
+
+def torch_load_mmap(source: Path, state: Any) -> dict[str, Any]:
+    """``torch.load(f, mmap=True, weights_only=True)`` of every ``.bin`` shard, every page then touched."""
+    import torch
+
+    tensors: dict[str, Any] = {}
+    for shard in sorted(source.glob("pytorch_model*.bin")):
+        tensors.update(torch.load(shard, mmap=True, weights_only=True, map_location="cpu"))
+    holder = torch.nn.Module()
+    holder.tensors = torch.nn.ParameterList(torch.nn.Parameter(t, requires_grad=False) for t in tensors.values())
+    pages = touch_pages(holder)
+    return {"pages_touched": pages, "parameter_bytes": _parameter_bytes(holder)}
+
+
 # --- the vLLM-style loop ----------------------------------------------------------------
 
 
@@ -266,6 +286,8 @@ PATHS: dict[str, MeasuredPath] = {
                      transformers_from_pretrained, transformers_from_pretrained),
         MeasuredPath("vllm_loop", "vLLM-style loop (meta + safe_open + copy_)", _setup_vllm_loop,
                      vllm_style_loop, vllm_style_loop),
+        MeasuredPath("torch_load_mmap", "torch.load(mmap=True, weights_only=True), no model", _setup_torch_load,
+                     torch_load_mmap, None),
         MeasuredPath("floor", "floor: read into one reused buffer", _setup_floor, page_cache_floor, None),
         MeasuredPath("loader_tp2", "loader.load_model, full checkpoint, tp=2", _setup_loader_tp, loader_tp2,
                      loader_tp2, tp=2),

@@ -48,6 +48,8 @@ BENCH_DIR = Path(__file__).resolve().parent
 READ_PATHS = "read_paths"
 SINGLE_PROCESS = ("loader", "loader_copy", "transformers", "vllm_loop", "floor")
 TP_PATHS = ("loader_tp2", "sharded_tp2")
+CARRIED_BLOCKS = ("fallback", "bin")
+"""Sections of RESULTS.md written by the single-purpose benchmarks, kept across runs."""
 
 
 def _sizes(text: str) -> list[float]:
@@ -223,9 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         plot_seconds(results["sizes"], plot_file)
         results["plot"] = plot_file.name
     existing = args.results.read_text() if args.results.is_file() else None
-    fallback = carried_block(existing, "fallback")  # written by bench_fallback.py; kept as it is
-    args.results.write_text(render_markdown(results, carried_notes(existing),
-                                            {"fallback": fallback} if fallback else None))
+    # sections other benchmarks wrote (bench_fallback.py, bench_bin_read.py) are kept as they are
+    carried = {tag: block for tag in CARRIED_BLOCKS if (block := carried_block(existing, tag))}
+    args.results.write_text(render_markdown(results, carried_notes(existing), carried or None))
     (args.out_dir / "last-run.json").write_text(json.dumps(_raw(results), indent=2, default=str) + "\n")
     _log(f"wrote {args.results}" + (f" and {plot_file}" if results["plot"] else ""))
     failed = [s.name for size in results["sizes"] for s in size["summaries"].values() if s.status == "failed"]
