@@ -37,6 +37,7 @@ soak: install  ## 30 s of loads racing a process that truncates the checkpoint: 
 docs: install  ## generated pages current, every hook / API name / CLI flag documented, then the site (seconds)
 	$(PY) scripts/gen_docs.py --check
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	$(PY) scripts/gen_docs.py --check-site site
 
 demo: install  ## load the real SmolLM2-135M-Instruct GGUF, report, and ask it a question
 	$(PY) scripts/demo.py
@@ -49,4 +50,4 @@ tox: install  ## one isolated env per package
 	$(VENV)/bin/tox -p auto
 
 clean:
-	rm -rf $(VENV) .tox .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .tox .pytest_cache .mypy_cache .ruff_cache site

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "core")]
 
 from scripts.docgen.cli_reference import render_cli  # noqa: E402
-from scripts.docgen.coverage import missing_from_docs  # noqa: E402
+from scripts.docgen.coverage import missing_from_docs, missing_from_site  # noqa: E402
 from scripts.docgen.hook_reference import render_hooks  # noqa: E402
 
 CLI_TEMPLATE = ROOT / "docs" / "_templates" / "cli.md"
@@ -57,18 +57,32 @@ GENERATED: dict[Path, Callable[[], str]] = {
 }
 
 
-def coverage_problems() -> list[str]:
-    from loader import hookspecs
+def public_api() -> dict[str, frozenset[str]]:
     from loader._public_api import PUBLIC_MODULES, public_names
 
-    return missing_from_docs(ROOT, hookspecs, docs_parser(), {m: public_names(m) for m in PUBLIC_MODULES})
+    return {m: public_names(m) for m in PUBLIC_MODULES}
+
+
+def coverage_problems() -> list[str]:
+    from loader import hookspecs
+
+    return missing_from_docs(ROOT, hookspecs, docs_parser(), public_api())
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true",
                         help="write nothing; fail if a generated page is out of date or the docs miss something")
+    parser.add_argument("--check-site", metavar="SITE", type=Path,
+                        help="write nothing; fail if the site mkdocs built in SITE lacks a public API name")
     args = parser.parse_args()
+    if args.check_site:
+        problems = missing_from_site(args.check_site, public_api())
+        if problems:
+            sys.stderr.write("".join(f"error: {p}\n" for p in problems))
+            return 1
+        print(f"{args.check_site} renders every public API name")
+        return 0
     stale = []
     for target, render in GENERATED.items():
         text = render()

@@ -109,6 +109,24 @@ def missing_api(root: Path, public: Mapping[str, Iterable[str]]) -> list[str]:
     return problems
 
 
+def missing_from_site(site: Path, public: Mapping[str, Iterable[str]]) -> list[str]:
+    """Every public name the *built* site has no heading for (``id="module.name"`` on its module's page).
+
+    The ``members:`` lists say what mkdocstrings is asked to render; this says
+    what it did render, so a name it could not resolve (a lazily imported
+    one, say) is caught too. A name that is itself a public module (``loader.errors``)
+    is documented by that module's own page.
+    """
+    problems = []
+    for module, names in public.items():
+        page = site / "reference" / module / "index.html"
+        html = page.read_text(encoding="utf-8") if page.is_file() else ""
+        problems += [f"{page}: public name {module}.{name} was not rendered"
+                     for name in sorted(names) if f"{module}.{name}" not in public
+                     and f'id="{module}.{name}"' not in html]
+    return problems
+
+
 def missing_from_docs(root: Path, hookspecs: ModuleType, parser: argparse.ArgumentParser,
                       public: Mapping[str, Iterable[str]]) -> list[str]:
     """Everything the docs under ``root`` lack, each surface checked against what the caller hands in."""

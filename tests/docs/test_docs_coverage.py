@@ -19,7 +19,14 @@ import pytest
 from loader import hookspecs
 from loader._public_api import PUBLIC_MODULES, public_names
 from scripts.docgen.cli_reference import render_cli
-from scripts.docgen.coverage import documented_members, missing_api, missing_cli, missing_from_docs, missing_hooks
+from scripts.docgen.coverage import (
+    documented_members,
+    missing_api,
+    missing_cli,
+    missing_from_docs,
+    missing_from_site,
+    missing_hooks,
+)
 from scripts.docgen.hook_reference import hook_specs, render_hooks
 from scripts.gen_docs import docs_parser
 
@@ -136,3 +143,15 @@ def test_the_cli_page_lists_each_flag_with_its_choices_and_default() -> None:
     load = _page("cli.md").split("## `loader load`")[1].split("\n## ")[0]
     assert "| `--dtype DTYPE` | `auto` | `auto`, `bfloat16`, `float16`, `float32` |" in load
     assert "| `--load-format FORMAT`, `--format` | `auto` |" in load
+
+
+def test_a_public_name_the_built_site_did_not_render_fails(tmp_path: Path) -> None:
+    """``make docs`` runs this over the real site after ``mkdocs build``; here over a two-page stand-in."""
+    (tmp_path / "reference" / "loader.io").mkdir(parents=True)
+    (tmp_path / "reference" / "loader.io" / "index.html").write_text('<h2 id="loader.io.io_pool">io_pool</h2>')
+    (tmp_path / "reference" / "loader").mkdir()
+    (tmp_path / "reference" / "loader" / "index.html").write_text('<h2 id="loader.hookimpl">hookimpl</h2>')
+    public = {"loader": frozenset({"hookimpl", "errors"}), "loader.errors": frozenset(),
+              "loader.io": frozenset({"io_pool", "io_threads"})}
+    assert missing_from_site(tmp_path, public) == [
+        f"{tmp_path}/reference/loader.io/index.html: public name loader.io.io_threads was not rendered"]
