@@ -34,8 +34,10 @@ test: lint typecheck docs unit  ## what CI runs
 soak: install  ## 30 s of loads racing a process that truncates the checkpoint: no process may die of SIGBUS
 	LOADER_SOAK=1 OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -m soak tests/reliability/test_truncation_race.py
 
-docs: install
-	$(PY) scripts/gen_hook_docs.py --check
+docs: install  ## generated pages current, every hook / API name / CLI flag documented, then the site (seconds)
+	$(PY) scripts/gen_docs.py --check
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	$(PY) scripts/gen_docs.py --check-site site
 
 demo: install  ## load the real SmolLM2-135M-Instruct GGUF, report, and ask it a question
 	$(PY) scripts/demo.py
@@ -48,4 +50,4 @@ tox: install  ## one isolated env per package
 	$(VENV)/bin/tox -p auto
 
 clean:
-	rm -rf $(VENV) .tox .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .tox .pytest_cache .mypy_cache .ruff_cache site

@@ -19,7 +19,8 @@ __all__ = ["DTYPE_CHOICES", "EXIT_USER_ERROR", "CliParser", "build_parser", "sou
 EXIT_USER_ERROR = 2
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
 FORMAT_HELP = ("weight format: auto (default: detect; safetensors before .bin), dummy (random weights), "
-               "sharded_state (save-sharded output), or a format plugin's name (safetensors, pt, gguf, mistral, ...)")
+               "sharded_state (save-sharded output), or a format plugin's name "
+               "(safetensors, pt, gguf, runai_streamer, ...)")
 
 
 class CliParser(argparse.ArgumentParser):
@@ -97,8 +98,10 @@ def _add_load_args(p: argparse.ArgumentParser, source_text: str) -> None:
     _add_json(p)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    source_text = source_help()  # one scan of the installed entry points for every command's SOURCE help
+def build_parser(source_text: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; ``source_text`` replaces SOURCE's help (the docs name every plugin's schemes)."""
+    if source_text is None:
+        source_text = source_help()  # one scan of the installed entry points for every command's SOURCE help
     parser = CliParser(prog="loader", description="Load LLM checkpoints into ready torch modules.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and log records")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=CliParser, metavar="COMMAND")
