@@ -53,3 +53,36 @@ def test_an_array_in_fortran_order_is_refused_by_name(tmp_path):
     with pytest.raises(CheckpointFormatError, match=r"'lm_head.weight.npy' in .*model.npz: stored in Fortran "
                                                     r"order; save numpy.ascontiguousarray\(array\)"):
         list(hooks.loader_iter_weights(None, weight_format, None, ReadStats()))  # type: ignore[arg-type]
+
+
+def _write_objects(path):
+    numpy.savez(path, **{"lm_head.weight": numpy.array([{"not": "a number"}], dtype=object)})
+
+
+def _write_void(path):  # what bfloat16 arrays from ml_dtypes look like to a reader without it
+    numpy.savez(path, **{"lm_head.weight": numpy.zeros(4, dtype="V2")})
+
+
+def _write_text_member(path):
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("README.txt", "weights elsewhere")
+
+
+def _write_not_a_zip(path):
+    path.write_bytes(b"not an archive")
+
+
+@pytest.mark.parametrize(("write", "message"), [
+    (_write_objects, r"'lm_head.weight.npy' in .*model.npz: dtype object has no torch equivalent"),
+    (_write_void, r"'lm_head.weight.npy' in .*model.npz: dtype \|V2 has no torch equivalent; save numbers "
+                  r"\(bfloat16 as t.float\(\).numpy\(\)\)"),
+    (_write_text_member, r"'README.txt' in .*model.npz: not a .npy array"),
+    (_write_not_a_zip, r".*model.npz: not a readable .npz archive \(File is not a zip file\)"),
+])
+def test_what_cannot_be_a_weight_is_refused_with_the_file_named(tmp_path, write, message):
+    write(tmp_path / "model.npz")
+    weight_format = hooks.loader_detect_format(Source(str(tmp_path), tmp_path), "npz")
+    with pytest.raises(CheckpointFormatError, match=message):
+        list(hooks.loader_iter_weights(None, weight_format, None, ReadStats()))  # type: ignore[arg-type]
