@@ -21,10 +21,12 @@ $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml) requirements-test.
 install: $(STAMP)  ## venv with the core, every plugin (editable) and the test tools
 
 lint: install
-	$(VENV)/bin/ruff check core plugins tests benchmarks scripts
+	$(VENV)/bin/ruff check core plugins tests benchmarks scripts docs/examples
 
+# The plugin template and the docs' example plugin are not shipped (not in PLUGINS) but are checked like one.
 typecheck: install
-	$(VENV)/bin/mypy core/loader $(foreach p,$(PLUGINS),plugins/$(p)/src/loader_plugin_$(p))
+	$(VENV)/bin/mypy core/loader $(foreach p,$(PLUGINS),plugins/$(p)/src/loader_plugin_$(p)) \
+		plugins/_template/src/loader_plugin_template docs/examples/loader-plugin-scaled-llama/src/loader_plugin_scaled_llama
 
 unit: install
 	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q

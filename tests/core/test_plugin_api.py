@@ -1,7 +1,8 @@
 """Plugins keep to the declared API (``loader._public_api``), and the docs list it.
 
-Every in-tree plugin's source, the out-of-tree fixture plugin and the Python
-blocks of ``docs/*.md`` are scanned: an import of (or an attribute reaching)
+Every in-tree plugin's source (the plugin template too), the out-of-tree
+fixture plugin, the example plugins of ``docs/examples`` and the Python blocks
+of ``docs/*.md`` and the plugins' READMEs are scanned: an import of (or an attribute reaching)
 any ``loader`` module or name outside the public modules' ``__all__`` fails,
 naming the file, the line and the internal name.
 """
@@ -21,9 +22,11 @@ from loader._public_api import PUBLIC_MODULES, PrivateImport, private_imports, p
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN_SOURCES = sorted(
-    [*REPO.glob("plugins/*/src/**/*.py"), *REPO.glob("tests/fixtures/loader-plugin-*/src/**/*.py")]
+    [*REPO.glob("plugins/*/src/**/*.py"), *REPO.glob("tests/fixtures/loader-plugin-*/src/**/*.py"),
+     *REPO.glob("docs/examples/*/src/**/*.py")]
 )
-DOCS = [*sorted(REPO.glob("docs/*.md")), REPO / "README.md", *sorted(REPO.glob("plugins/*/README.md"))]
+DOCS = [*sorted(REPO.glob("docs/*.md")), REPO / "README.md", *sorted(REPO.glob("plugins/*/README.md")),
+        *sorted(REPO.glob("docs/examples/*/README.md"))]
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
 
 
@@ -42,7 +45,8 @@ def _doc_blocks(path: Path) -> list[tuple[int, str]]:
 def test_the_scan_covers_every_plugin_and_the_fixture() -> None:
     packages = {p.parts[p.parts.index("src") + 1] for p in PLUGIN_SOURCES}
     assert {"loader_plugin_safetensors", "loader_plugin_gguf", "loader_plugin_bnb", "loader_plugin_llama",
-            "loader_plugin_mistral", "loader_plugin_qwen", "loader_plugin_runai", "loader_plugin_toymodel"} <= packages
+            "loader_plugin_mistral", "loader_plugin_qwen", "loader_plugin_runai", "loader_plugin_toymodel",
+            "loader_plugin_template", "loader_plugin_scaled_llama"} <= packages
 
 
 @pytest.mark.parametrize("path", PLUGIN_SOURCES, ids=lambda p: str(p.relative_to(REPO)))

@@ -1,0 +1,3 @@
+"""loader-plugin-template: NumPy ``.npz`` weight archives for loader, and the template for new plugins."""
+
+__all__: list[str] = []
