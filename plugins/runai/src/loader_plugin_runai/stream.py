@@ -6,7 +6,9 @@ arrive in whatever order their reads finish. Each is yielded as a
 :class:`~loader_plugin_runai.tensor.StreamedTensor` and released (copied out
 or dropped, see :mod:`.tensor`) before the streamer is asked for the next,
 since its buffer is then reused. Every fetched byte is added to the load's
-``ReadStats``. Once the stream ends, the files' identities are checked
+``ReadStats``. Every header is first checked by the core's safetensors parser
+(:mod:`.headers`), so a malformed file is refused as the local reader refuses
+it, before anything is streamed. Once the stream ends, the files' identities are checked
 against the listing (:mod:`.identity`); a streamer failure becomes a
 :class:`~loader.errors.LoadError` naming the source and, when a file changed
 under the load, which one.
@@ -21,6 +23,7 @@ from loader.errors import CheckpointFormatError, LoadError, UnsupportedError
 from loader.weights import ReadStats
 
 from .errors import ObjectChangedError, StorageAccessError
+from .headers import read_headers
 from .identity import Snapshot
 from .settings import StreamerSettings
 from .tensor import StreamedTensor, StreamSlot
@@ -77,6 +80,8 @@ def iter_streamed_weights(
     from runai_model_streamer import SafetensorsStreamer
 
     remote = any("://" in f for f in files)
+    for _ in read_headers(files, snapshot):  # the format's rules, before the streamer reads a byte
+        pass
     with settings.applied(), SafetensorsStreamer() as streamer:
         try:
             streamer.stream_files(list(files), device="cpu", owned=False)
