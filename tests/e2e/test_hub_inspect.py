@@ -99,6 +99,17 @@ def test_a_server_ignoring_ranges_is_refused_before_the_body_is_read(checkpoint:
         inspect_source(REPO)
 
 
+def test_a_shard_gone_after_the_listing_is_one_line_naming_it(checkpoint: Path, hub: ServedHub) -> None:
+    shard = sorted(n for n in hub.files if n.endswith(".safetensors"))[0]
+    hub.gone.add(shard)
+    with pytest.raises(SourceNotFoundError) as caught:
+        inspect_source(REPO)
+    message = str(caught.value)
+    assert message.startswith(f"{hub.endpoint}/{REPO}/resolve/")
+    assert f"/{shard}: the Hugging Face Hub request failed (RemoteEntryNotFoundError: 404 " in message
+    assert "\n" not in message
+
+
 def _hub_offline(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import huggingface_hub.constants as constants
 

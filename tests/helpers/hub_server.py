@@ -46,6 +46,8 @@ class ServedHub:
         self.bytes_served: Counter[str] = Counter()
         self.requests: Counter[tuple[str, str]] = Counter()
         self.lock = threading.Lock()
+        self.gone: set[str] = set()
+        """Files still listed by ``model_info`` but answered 404 (deleted after the listing)."""
         self.honour_ranges = True
         """``False``: answer a ``Range`` request with the whole file and status 200 (as some proxies do)."""
 
@@ -86,7 +88,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         prefix = f"/{hub.repo_id}/resolve/"
         name = path[len(prefix):].partition("/")[2] if path.startswith(prefix) else ""
-        if name not in hub.files:
+        if name not in hub.files or name in hub.gone:
             hub.count(self.command, name or path, 0)
             self._send(404, {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": hub.commit}, b"", send_body)
             return

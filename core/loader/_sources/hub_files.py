@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import PurePosixPath
 
 from ..checkpoint import SafetensorsHeader, Source, read_safetensors_header
-from ..errors import SourceNotFoundError
+from ..errors import LoadError, SourceNotFoundError
 from ..weights import HeaderOnlyTensor, ReadStats
 from .hub import LISTING_TIMEOUT_S, _offline, is_network_failure
 
@@ -60,9 +60,12 @@ class HubFiles:
             return None
         from huggingface_hub import hf_hub_download
 
-        path = hf_hub_download(self.repo_id, name, revision=self.commit)
-        with open(path, "rb") as fh:
-            return fh.read(limit + 1)
+        try:
+            path = hf_hub_download(self.repo_id, name, revision=self.commit)
+            with open(path, "rb") as fh:
+                return fh.read(limit + 1)
+        except Exception as exc:
+            raise _failed(self.url(name), exc) from exc
 
     def _ranged(self, name: str, start: int, length: int) -> tuple[bytes, int]:
         """``length`` bytes of ``name`` from ``start`` and the file's size, by one ``Range`` request.
@@ -74,15 +77,18 @@ class HubFiles:
 
         url = self.url(name)
         headers = {**build_hf_headers(), "Range": f"bytes={start}-{start + length - 1}"}
-        with get_session().stream("GET", url, headers=headers, timeout=LISTING_TIMEOUT_S) as response:
-            hf_raise_for_status(response)
-            match = _CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
-            if response.status_code != 206 or match is None:
-                raise SourceNotFoundError(
-                    f"{url}: the server ignored the Range request (status {response.status_code}); "
-                    "'loader inspect' reads headers only and will not download the file"
-                )
-            data = response.read()
+        try:
+            with get_session().stream("GET", url, headers=headers, timeout=LISTING_TIMEOUT_S) as response:
+                hf_raise_for_status(response)
+                match = _CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
+                if response.status_code != 206 or match is None:
+                    raise SourceNotFoundError(
+                        f"{url}: the server ignored the Range request (status {response.status_code}); "
+                        "'loader inspect' reads headers only and will not download the file"
+                    )
+                data = response.read()
+        except Exception as exc:
+            raise _failed(url, exc) from exc
         return data[:length], int(match.group(3))
 
     def read_header(self, name: str, stats: ReadStats) -> SafetensorsHeader:
@@ -105,6 +111,14 @@ class HubFiles:
             header = self.read_header(name, stats)
             for info in header.tensors.values():
                 yield info.name, HeaderOnlyTensor(info.name, header.path, info.dtype, info.shape)
+
+
+def _failed(url: str, exc: Exception) -> Exception:
+    """A request's failure as one line naming the file (a :class:`SourceNotFoundError`), unless it already is one."""
+    if isinstance(exc, LoadError):
+        return exc
+    reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+    return SourceNotFoundError(f"{url}: the Hugging Face Hub request failed ({type(exc).__name__}: {reason})")
 
 
 def hub_header_source(repo_id: str, revision: str | None, load_format: str) -> Source | None:
