@@ -132,6 +132,21 @@ def test_object_truncated_during_the_load(llama_checkpoint: Path, own_server: Co
                 rf"{len(data) // 2} bytes\)")
 
 
+def test_object_cut_inside_its_header_after_the_listing(llama_checkpoint: Path,
+                                                       own_server: CountingMotoServer) -> None:
+    """Cut between the listing and the header check: the change is named, not the torn header."""
+    client = _upload(own_server, llama_checkpoint)
+    shard = _first_shard(llama_checkpoint)
+    data = shard.read_bytes()
+
+    def truncate() -> None:
+        client.put_object(Bucket="models", Key=f"m/{shard.name}", Body=data[:4])
+
+    _after_data_gets(own_server, 1, truncate)
+    _load_fails("s3://models/m", ObjectChangedError,
+                rf"s3://models/m/{shard.name}: changed while the load was reading it \(size {len(data)} -> 4 bytes\)")
+
+
 def test_object_replaced_during_the_load(llama_checkpoint: Path, own_server: CountingMotoServer,
                                          tmp_path: Path) -> None:
     client = _upload(own_server, llama_checkpoint)

@@ -31,6 +31,19 @@ from .tensor import StreamedTensor, StreamSlot
 __all__ = ["iter_streamed_weights"]
 
 
+def _changed(snapshot: Snapshot | None) -> ObjectChangedError | None:
+    """The error naming a file that changed since it was listed, if one did (and the store can say)."""
+    if snapshot is None:
+        return None
+    try:
+        snapshot.verify()
+    except ObjectChangedError as changed:
+        return changed
+    except LoadError:
+        pass  # the store cannot answer either (a server gone): the first reason says more
+    return None
+
+
 def _failure(where: str, remote: bool, snapshot: Snapshot | None, exc: BaseException) -> LoadError:
     """The error for a streamer failure: a changed file if one changed, else the streamer's reason."""
     if isinstance(exc, LoadError):
@@ -42,13 +55,9 @@ def _failure(where: str, remote: bool, snapshot: Snapshot | None, exc: BaseExcep
             f"{where}: format option 'memory_limit' is too small for this checkpoint: {exc} "
             "(use at least its largest tensor, 0 for one tensor at a time, or -1 for no limit)"
         )
-    if snapshot is not None:
-        try:
-            snapshot.verify()
-        except ObjectChangedError as changed:
-            return changed
-        except LoadError:
-            pass  # the store cannot answer either (a server gone): the streamer's reason says more
+    changed = _changed(snapshot)
+    if changed is not None:
+        return changed
     reason = " ".join(str(exc).split()) or type(exc).__name__
     if remote:
         return StorageAccessError(f"{where}: streaming from object storage failed: {reason}")
@@ -80,8 +89,14 @@ def iter_streamed_weights(
     from runai_model_streamer import SafetensorsStreamer
 
     remote = any("://" in f for f in files)
-    for _ in read_headers(files, snapshot):  # the format's rules, before the streamer reads a byte
-        pass
+    try:
+        for _ in read_headers(files, snapshot):  # the format's rules, before the streamer reads a byte
+            pass
+    except LoadError as exc:
+        changed = _changed(snapshot)  # a file replaced or cut since it was listed says so, not its torn header
+        if changed is None:
+            raise
+        raise changed from exc
     with settings.applied(), SafetensorsStreamer() as streamer:
         try:
             streamer.stream_files(list(files), device="cpu", owned=False)
