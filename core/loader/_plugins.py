@@ -44,6 +44,7 @@ CORE_PLUGINS = (
     ("core.postprocess", "loader._pipeline.postprocess"),
     ("core.dummy", "loader._formats.dummy"),
     ("core.sharded_state", "loader._formats.sharded_state"),
+    ("core.hub_headers", "loader._formats.hub_headers"),
 )
 
 Status = Literal["loaded", "failed", "blocked"]

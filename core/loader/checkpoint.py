@@ -6,6 +6,12 @@ with: :class:`Source` (and its :class:`SourceReader`), :class:`WeightFormat`
 :class:`LoadOptions`, the readers of ``config.json`` and the tokenizer (which
 take bytes as well as paths, so a remote source reuses them) and the
 training-artifact rule the core applies to every source.
+
+It is also the one home of the checks every reader of a file format shares, so
+no plugin keeps a copy with fewer rules: the safetensors header parser
+(:func:`read_safetensors_header` through any ranged reader, a local file's
+:func:`read_safetensors_file_header`, the dtype table) and the sharded-state
+layout (:func:`read_sharded_marker`, :func:`sharded_part_names`).
 """
 
 from __future__ import annotations
@@ -20,6 +26,17 @@ import attrs
 
 from ._model_folder import side_file
 from ._options import DTYPES, LoadOptions, parse_dtype
+from ._safetensors_dtypes import DTYPES as SAFETENSORS_DTYPES
+from ._safetensors_dtypes import SafetensorsDType
+from ._safetensors_header import MAX_HEADER_BYTES as SAFETENSORS_MAX_HEADER_BYTES
+from ._safetensors_header import RangeReader, SafetensorsHeader, SafetensorsTensorInfo
+from ._safetensors_header import parse_header as parse_safetensors_header
+from ._safetensors_header import read_file_header as read_safetensors_file_header
+from ._safetensors_header import read_header as read_safetensors_header
+from ._sharded.layout import MARKER as SHARDED_STATE_MARKER
+from ._sharded.layout import ShardedLayout
+from ._sharded.layout import part_names as sharded_part_names
+from ._sharded.layout import read_marker as read_sharded_marker
 from .errors import ConfigError, LoadError
 
 if TYPE_CHECKING:
@@ -28,9 +45,17 @@ if TYPE_CHECKING:
 __all__ = [
     "DTYPES",
     "MAX_JSON_BYTES",
+    "SAFETENSORS_DTYPES",
+    "SAFETENSORS_MAX_HEADER_BYTES",
+    "SHARDED_STATE_MARKER",
     "TRAINING_ARTIFACTS",
     "FileBytes",
     "LoadOptions",
+    "RangeReader",
+    "SafetensorsDType",
+    "SafetensorsHeader",
+    "SafetensorsTensorInfo",
+    "ShardedLayout",
     "Source",
     "SourceReader",
     "TokenizerBundle",
@@ -39,8 +64,13 @@ __all__ = [
     "is_training_artifact",
     "load_hf_tokenizer",
     "parse_dtype",
+    "parse_safetensors_header",
     "read_json_object",
+    "read_safetensors_file_header",
+    "read_safetensors_header",
+    "read_sharded_marker",
     "read_source_file",
+    "sharded_part_names",
     "side_file",
 ]
 

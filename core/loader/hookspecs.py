@@ -139,7 +139,8 @@ def loader_iter_weights(
         ``options.extra["format_options"]`` holds the user's options for the format
         (``load_model(format_options=...)``, ``--format-option``), and
         ``options.extra["headers_only"]`` is true when the caller reads only names,
-        shapes and dtypes (``loader inspect``), so a streaming format need not fetch values.
+        shapes and dtypes (``loader inspect``), so a streaming format need not fetch values
+        (yield :class:`~loader.weights.HeaderOnlyTensor` handles built from the headers).
     :param stats: counter of bytes read.
     :param model: the model being loaded, built and given storage (the core's ``dummy``
         format reads its parameter names and shapes; checkpoint formats need not take it).

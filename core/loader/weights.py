@@ -23,10 +23,13 @@ from .errors import CheckpointFormatError, ShapeMismatchError
 if TYPE_CHECKING:
     import torch
 
+    from ._safetensors_dtypes import SafetensorsDType
+
 __all__ = [
     "CheckpointTensor",
     "EagerTensor",
     "FileSpan",
+    "HeaderOnlyTensor",
     "ReadStats",
     "RowPermutedTensor",
     "WeightStream",
@@ -229,6 +232,46 @@ class EagerTensor(CheckpointTensor):
         self.check_destination(out)
         with torch.no_grad():
             out.detach().copy_(self.tensor)
+
+
+class HeaderOnlyTensor(CheckpointTensor):
+    """A tensor known from a header only (its name, dtype and shape); its values were not fetched.
+
+    What a stream built for ``loader inspect`` (``options.extra["headers_only"]``) yields, for remote
+    files whose bytes it must not download (``s3://`` objects, Hub files). Narrowing works;
+    reading raises.
+    """
+
+    def __init__(self, name: str, file: str, stored: SafetensorsDType, shape: tuple[int, ...]) -> None:
+        self.name = name
+        self.file = file
+        self.stored = stored
+        self._shape = shape
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.stored.torch_dtype()
+
+    @property
+    def stored_type(self) -> str:
+        return self.stored.torch_name
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel() * self.stored.itemsize
+
+    def narrow(self, dim: int, start: int, length: int) -> HeaderOnlyTensor:
+        dim = self.check_narrow(dim, start, length)
+        shape = list(self._shape)
+        shape[dim] = length
+        return HeaderOnlyTensor(self.name, self.file, self.stored, tuple(shape))
+
+    def read(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        raise RuntimeError(f"{self.describe()}: only its header was read (a headers-only stream)")
 
 
 class RowPermutedTensor(CheckpointTensor):

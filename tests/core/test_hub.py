@@ -15,6 +15,7 @@ from loader._options import LoadOptions
 from loader._sources.builtin import loader_resolve_source, looks_like_hub_id
 from loader.errors import SourceNotFoundError
 from tests.helpers.hub_cache import cache_tree, download_with_huggingface_hub, repo_folder, write_hub_cache
+from tests.helpers.hub_server import point_huggingface_hub_at
 
 
 def _cache(root: Path, repo: str, files: dict[str, bytes]) -> Path:
@@ -86,19 +87,10 @@ def test_missing_path_like_location_is_a_missing_path(location: str, no_hub: Non
 @pytest.fixture
 def unreachable_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """HF_ENDPOINT on a closed local port: every request is refused at once, nothing leaves the machine."""
-    import huggingface_hub.constants as constants
-
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    endpoint = f"http://127.0.0.1:{port}"
-    monkeypatch.setenv("HF_ENDPOINT", endpoint)
-    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}")
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    point_huggingface_hub_at(f"http://127.0.0.1:{port}", tmp_path, monkeypatch)
     return tmp_path
 
 

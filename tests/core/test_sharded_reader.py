@@ -46,18 +46,28 @@ def _with_header(tmp_path: Path, header: object, data: bytes = b"", length: int 
     return str(path)
 
 
+_F32 = {"dtype": "F32", "shape": [1]}
+
+
 @pytest.mark.parametrize(("header", "data", "length", "message"), [
-    ({}, b"", 1 << 40, "header length 1099511627776 is larger than the file"),
-    (b"\xff{", b"", None, "header is not UTF-8 JSON"),
-    ([1], b"", None, "header must be a JSON object, found list"),
-    ({"t": 3}, b"", None, "tensor 't': header entry must be an object, found int"),
-    ({"t": {"dtype": "Q4", "shape": [1], "data_offsets": [0, 1]}}, b"x", None, "dtype 'Q4' is not one of"),
+    ({}, b"", 1 << 40, "header length 1099511627776 is more than the 100000000 bytes allowed"),
+    (b"\xff{", b"", None, "header is not UTF-8"),
+    ([1], b"", None, "header must be a JSON object of tensors, found an array"),
+    ({"t": 3}, b"", None, "tensor 't': header entry must be an object with dtype, shape and data_offsets"),
+    ({"t": {"dtype": "Q4", "shape": [1], "data_offsets": [0, 1]}}, b"x", None, "tensor 't': unknown dtype 'Q4'"),
     ({"t": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"xxxx", None,
      "shape must be a list of non-negative integers"),
-    ({"t": {"dtype": "F32", "shape": [1], "data_offsets": [0]}}, b"xxxx", None, "data_offsets must be two integers"),
+    ({"t": {"dtype": "F32", "shape": [1], "data_offsets": [0]}}, b"xxxx", None,
+     r"data_offsets must be \[begin, end\] integers"),
     ({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, b"xxxx", None,
-     r"data_offsets \[0, 4\] hold 4 bytes, but F32 \(2,\) needs 8"),
-    ({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"xxxx", None, "past the end of the file"),
+     r"data_offsets \[0, 4\] span 4 bytes, but shape \[2\] of F32 needs 8"),
+    ({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"xxxx", None, "run past the end of the data"),
+    # the layout rules every safetensors reader applies (the one parser): no overlap, no gap, no trailing bytes
+    ({"a": {**_F32, "data_offsets": [0, 4]}, "b": {**_F32, "data_offsets": [2, 6]}}, b"x" * 6, None,
+     "tensors 'a' .* and 'b' .* overlap"),
+    ({"a": {**_F32, "data_offsets": [0, 4]}, "b": {**_F32, "data_offsets": [6, 10]}}, b"x" * 10, None,
+     "a gap of 2 bytes"),
+    ({"a": {**_F32, "data_offsets": [0, 4]}}, b"x" * 6, None, "the tensors cover 4 of the 6 bytes after the header"),
 ])
 def test_bad_headers_are_named(tmp_path: Path, header: object, data: bytes, length: int | None,
                                message: str) -> None:
@@ -70,7 +80,7 @@ def test_bad_headers_are_named(tmp_path: Path, header: object, data: bytes, leng
 def test_a_file_shorter_than_the_length_prefix_is_named(tmp_path: Path) -> None:
     path = tmp_path / "short.safetensors"
     path.write_bytes(b"abc")
-    with pytest.raises(CheckpointFormatError, match="short.safetensors: 3 bytes, too short for a safetensors header"):
+    with pytest.raises(CheckpointFormatError, match="short.safetensors: file is 3 bytes, too short for a safetensors"):
         read_part_header(str(path))
 
 

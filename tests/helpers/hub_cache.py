@@ -4,8 +4,8 @@ The real layout (``models--org--name/{blobs,snapshots,refs}``, every snapshot fi
 relative symlink ``../../blobs/<etag>``) matters: a loader that only ever sees a fake can
 refuse the real one. :func:`download_with_huggingface_hub` makes ``huggingface_hub``'s own
 ``hf_hub_download`` write the cache, against a Hub served from this process on
-``127.0.0.1`` that answers the two requests it makes per file (``HEAD`` for the commit,
-ETag and size, ``GET`` for the bytes) the way huggingface.co does: ETag the sha256 for files
+``127.0.0.1`` (:mod:`tests.helpers.hub_server`) that answers the two requests it makes per file
+(``HEAD`` for the commit, ETag and size, ``GET`` for the bytes) the way huggingface.co does: ETag the sha256 for files
 stored in LFS (weights), the git blob sha1 for the rest. :func:`write_hub_cache` writes the
 same tree by hand, fast; ``tests/core/test_hub.py`` checks the two agree.
 """
@@ -13,13 +13,10 @@ same tree by hand, fast; ``tests/core/test_hub.py`` checks the two agree.
 from __future__ import annotations
 
 import hashlib
-import http.server
 import os
-import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import unquote
 
 __all__ = ["COMMIT", "cache_tree", "download_with_huggingface_hub", "hub_etag", "repo_folder", "served_repo",
            "write_hub_cache"]
@@ -56,62 +53,16 @@ def write_hub_cache(cache: Path, repo_id: str, files: Mapping[str, bytes], commi
     return snapshot
 
 
-class _HubHandler(http.server.BaseHTTPRequestHandler):
-    """``/{org}/{name}/resolve/{revision}/{file}``: HEAD for metadata, GET for the bytes."""
-
-    files: Mapping[str, bytes] = {}
-    repo_id = ""
-    commit = COMMIT
-
-    def _lookup(self) -> tuple[str, bytes] | None:
-        prefix = f"/{self.repo_id}/resolve/"
-        path = unquote(self.path.split("?", 1)[0])
-        if not path.startswith(prefix):
-            return None
-        _, _, name = path[len(prefix):].partition("/")
-        return (name, self.files[name]) if name in self.files else None
-
-    def _answer(self, body: bool) -> None:
-        found = self._lookup()
-        if found is None:
-            self.send_response(404)
-            self.send_header("X-Error-Code", "EntryNotFound")
-            self.send_header("X-Repo-Commit", self.commit)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        name, data = found
-        self.send_response(200)
-        self.send_header("X-Repo-Commit", self.commit)
-        self.send_header("ETag", f'"{hub_etag(name, data)}"')
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        if body:
-            self.wfile.write(data)
-
-    def do_HEAD(self) -> None:
-        self._answer(body=False)
-
-    def do_GET(self) -> None:
-        self._answer(body=True)
-
-    def log_message(self, format: str, *args: object) -> None:  # silence the access log
-        pass
-
-
 @contextmanager
 def served_repo(repo_id: str, files: Mapping[str, bytes], commit: str = COMMIT) -> Iterator[str]:
-    """A Hub endpoint on ``127.0.0.1`` serving ``files`` of ``repo_id`` at ``commit``; yields its URL."""
-    handler = type("Handler", (_HubHandler,), {"files": dict(files), "repo_id": repo_id, "commit": commit})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    """A Hub endpoint on ``127.0.0.1`` serving ``files`` of ``repo_id`` at ``commit``; yields its URL.
+
+    The server is :func:`tests.helpers.hub_server.served_hub` (which also counts what it serves).
+    """
+    from tests.helpers.hub_server import served_hub
+
+    with served_hub(repo_id, files, commit) as hub:
+        yield hub.endpoint
 
 
 def download_with_huggingface_hub(cache: Path, repo_id: str, files: Mapping[str, bytes],

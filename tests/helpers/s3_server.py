@@ -6,6 +6,8 @@ WSGI layer in front of moto (moto itself is unchanged):
 
 - ``bytes_served``: body bytes of every GET, by ``bucket/key`` — how a test
   proves a rank fetched only its own object;
+- ``requests``: every request, by ``(method, bucket/key)`` — how a test proves
+  a command sent no HEAD it did not need;
 - ``on_get``: a callback run before a GET is served (replace or truncate an
   object mid-load);
 - :meth:`CountingMotoServer.kill`: stop accepting and cut every open
@@ -62,6 +64,7 @@ class CountingMotoServer(ThreadedMotoServer):
         super().__init__(ip_address="127.0.0.1", port=port or free_port(), verbose=False)
         self.bytes_served: Counter[str] = Counter()
         self.gets: Counter[str] = Counter()
+        self.requests: Counter[tuple[str, str]] = Counter()
         self.on_get: GetHook | None = None
         self.dead = False
         self._lock = threading.Lock()
@@ -75,6 +78,7 @@ class CountingMotoServer(ThreadedMotoServer):
         with self._lock:
             self.bytes_served.clear()
             self.gets.clear()
+            self.requests.clear()
 
     def _server_entry(self) -> None:
         app = DomainDispatcherApplication(create_backend_app)
@@ -96,7 +100,10 @@ class CountingMotoServer(ThreadedMotoServer):
                 start_response("503 Service Unavailable", [("Content-Length", "0")])
                 return []
             key = environ.get("PATH_INFO", "").lstrip("/")
-            is_get = environ.get("REQUEST_METHOD") == "GET"
+            method = str(environ.get("REQUEST_METHOD"))
+            with self._lock:
+                self.requests[(method, key)] += 1
+            is_get = method == "GET"
             if is_get and self.on_get is not None:
                 self.on_get(key, environ.get("HTTP_RANGE"))
             body = app(environ, start_response)

@@ -20,9 +20,9 @@ import torch
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from loader.checkpoint import parse_safetensors_header as parse_header
 from loader.errors import LoadError
 from loader_plugin_safetensors import DTYPES, SafetensorsHeader, open_checkpoint_file, read_header
-from loader_plugin_safetensors.header import parse_header
 from tests.helpers.malformed import safetensors_bytes_of
 from tests.reliability.conftest import FUZZ_PROFILE
 from tests.reliability.fuzz_values import EXTREME_INTS, json_values

@@ -1,6 +1,9 @@
 """``loader inspect SOURCE``: what a checkpoint holds, without loading it.
 
-Tensors are listed from the format's lazy stream, so nothing but headers is read.
+Tensors are listed from the format's lazy stream, so nothing but headers is read:
+local files are opened and their headers parsed; ``s3://`` objects and the shards
+of a Hub safetensors repository are read with ranged requests (the options say
+``headers_only``, so their streams yield header-only handles).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ def inspect_source(location: str, load_format: str = "auto", revision: str | Non
     from ..weights import ReadStats
 
     check_model_impl(model_impl)
-    # headers_only: a streaming format (s3://) may list tensors from headers instead of fetching them
+    # headers_only: a remote format (s3://, a Hub id) lists tensors from headers instead of fetching them
     options = LoadOptions(dtype=torch.float32, device=torch.device("cpu"), load_format=load_format,
                           revision=revision, extra={"headers_only": True})
     prepared = prepare_checkpoint(location, options)

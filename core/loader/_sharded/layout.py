@@ -1,10 +1,16 @@
-"""Names and the marker file of a sharded-state folder."""
+"""Names and the marker file of a sharded-state folder: the one set of checks for every reader of one.
+
+The core's ``sharded_state`` format reads local folders; the Run:ai plugin's
+``runai_streamer_sharded`` reads the same layout from ``s3://`` (through
+:mod:`loader.checkpoint`, which makes :func:`read_marker` and :func:`part_names`
+public), so a marker or a set of part files one refuses, both refuse.
+"""
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +18,11 @@ import attrs
 
 from ..errors import CheckpointFormatError, UnsupportedError
 
-__all__ = ["MARKER", "ShardedLayout", "part_file_name", "rank_files", "read_layout", "validate_marker"]
+__all__ = ["MARKER", "ShardedLayout", "part_file_name", "part_names", "rank_files", "read_layout", "read_marker",
+           "validate_marker"]
 
 MARKER = "sharded_state.json"
+"""The marker ``loader save-sharded`` writes beside the part files."""
 _PART = re.compile(r"^model-rank-(\d+)-part-(\d+)\.safetensors$")
 
 
@@ -40,12 +48,22 @@ def read_layout(folder: Path) -> ShardedLayout | None:
     path = folder / MARKER
     if not path.is_file():
         return None
+    return read_marker(path)
+
+
+def read_marker(source: Path | bytes, where: str | None = None) -> ShardedLayout:
+    """The marker's fields from its file, or from its bytes (an object's) named ``where`` in messages.
+
+    :raises ConfigError: if it is not a JSON object.
+    :raises CheckpointFormatError: if a field is missing or of the wrong kind.
+    """
     from ..checkpoint import read_json_object
 
-    return validate_marker(path, read_json_object(path, MARKER))
+    name = (where or MARKER) if isinstance(source, bytes) else str(source)
+    return validate_marker(name, read_json_object(source, MARKER, name))
 
 
-def validate_marker(path: Path, data: Mapping[str, Any]) -> ShardedLayout:
+def validate_marker(path: Path | str, data: Mapping[str, Any]) -> ShardedLayout:
     """The marker's fields, each checked by name: ``int(...)`` would take ``1.9`` and ``true`` as 1 and
     fail on ``Infinity`` with a bare ``OverflowError``."""
 
@@ -67,26 +85,34 @@ def validate_marker(path: Path, data: Mapping[str, Any]) -> ShardedLayout:
 
 
 def rank_files(folder: Path, layout: ShardedLayout, rank: int, tp_size: int) -> tuple[str, ...]:
-    """This rank's part files in order; the TP size must be the one the state was saved for."""
+    """This rank's part files in the folder, in order (see :func:`part_names`)."""
+    names = part_names((p.name for p in folder.iterdir()), layout, rank, tp_size, str(folder))
+    return tuple(str(folder / name) for name in names)
+
+
+def part_names(names: Iterable[str], layout: ShardedLayout, rank: int, tp_size: int, where: str) -> list[str]:
+    """This rank's part files among ``names`` (a folder's or a prefix's), in part order.
+
+    :raises UnsupportedError: if the load's TP size is not the one the state was saved for.
+    :raises CheckpointFormatError: if the rank has no parts, or its part numbers have a gap.
+    """
     if tp_size != layout.tp_size:
         raise UnsupportedError(
-            f"{folder}: sharded state was saved for tensor parallel size {layout.tp_size}, "
+            f"{where}: sharded state was saved for tensor parallel size {layout.tp_size}, "
             f"but this load runs with {tp_size}"
         )
     parts = []
-    for path in folder.iterdir():
-        match = _PART.match(path.name)
+    for name in names:
+        match = _PART.match(name)
         if match and int(match.group(1)) == rank:
-            parts.append((int(match.group(2)), str(path)))
+            parts.append((int(match.group(2)), name))
     if not parts:
-        raise CheckpointFormatError(f"{folder}: no model-rank-{rank}-part-*.safetensors files for rank {rank}")
+        raise CheckpointFormatError(f"{where}: no model-rank-{rank}-part-*.safetensors files for rank {rank}")
     parts.sort()
-    expected = list(range(len(parts)))
-    if [p for p, _ in parts] != expected:
-        raise CheckpointFormatError(
-            f"{folder}: rank {rank} has parts {[p for p, _ in parts]}, expected {expected}"
-        )
-    return tuple(f for _, f in parts)
+    numbers = [p for p, _ in parts]
+    if numbers != list(range(len(parts))):
+        raise CheckpointFormatError(f"{where}: rank {rank} has parts {numbers}, expected {list(range(len(parts)))}")
+    return [name for _, name in parts]
 
 
 def write_marker(folder: Path, layout: ShardedLayout) -> None:

@@ -2,23 +2,22 @@
 
 The core writes sharded state itself, so it reads it itself: a sharded-state
 folder loads with any set of plugins installed (no reader of the
-``safetensors`` format needed). Only the subset the writer produces is
-accepted: a JSON header of ``{"dtype", "shape", "data_offsets"}`` entries whose
-spans match their shapes and lie inside the file. Tensors offer their bytes as a
+``safetensors`` format needed). A part file is checked as any safetensors
+file is: its header passes the one parser every reader shares
+(:mod:`loader._safetensors_header`). Tensors offer their bytes as a
 :class:`~loader.weights.FileSpan`, so CPU loads map them as the safetensors
 reader's do; otherwise they are read with positioned reads.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._file_reads import pread_exactly
-from ..errors import CheckpointFormatError
+from .._safetensors_dtypes import DTYPES
+from .._safetensors_header import read_file_header
 from ..weights import CheckpointTensor, EagerTensor, FileSpan, ReadStats
 
 if TYPE_CHECKING:
@@ -26,19 +25,9 @@ if TYPE_CHECKING:
 
 __all__ = ["StoredTensor", "iter_part_files", "read_part_header"]
 
-MAX_HEADER_BYTES = 100_000_000
-
-
-@functools.cache
-def _dtypes() -> dict[str, torch.dtype]:
-    """Code -> dtype, the writer's table read backwards (imported here on first use: it needs torch)."""
-    from .writer import DTYPE_CODES
-
-    return {code: dtype for dtype, code in DTYPE_CODES.items()}
-
 
 def _dtype(code: str) -> torch.dtype:
-    return _dtypes()[code]
+    return DTYPES[code].torch_dtype()
 
 
 class StoredTensor(CheckpointTensor):
@@ -101,61 +90,14 @@ class StoredTensor(CheckpointTensor):
             out.copy_(self.read())
 
 
-def _entry(path: str, name: str, raw: Any, data_start: int, file_size: int) -> tuple[str, tuple[int, ...], int]:
-    """``(dtype code, shape, absolute offset)`` of one header entry, or an error naming the tensor."""
-    where = f"{path}: tensor {name!r}"
-    if not isinstance(raw, dict):
-        raise CheckpointFormatError(f"{where}: header entry must be an object, found {type(raw).__name__}")
-    code, shape, offsets = raw.get("dtype"), raw.get("shape"), raw.get("data_offsets")
-    if code not in _dtypes():
-        raise CheckpointFormatError(f"{where}: dtype {code!r} is not one of {', '.join(_dtypes())}")
-    if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
-                                              for s in shape):
-        raise CheckpointFormatError(f"{where}: shape must be a list of non-negative integers, found {shape!r}")
-    if (not isinstance(offsets, list) or len(offsets) != 2
-            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
-        raise CheckpointFormatError(f"{where}: data_offsets must be two integers, found {offsets!r}")
-    numel = 1
-    for s in shape:
-        numel *= s
-    nbytes = numel * _dtype(code).itemsize
-    begin, end = offsets
-    if begin < 0 or end - begin != nbytes:
-        raise CheckpointFormatError(
-            f"{where}: data_offsets {offsets} hold {end - begin} bytes, but {code} {tuple(shape)} needs {nbytes}"
-        )
-    if data_start + end > file_size:
-        raise CheckpointFormatError(
-            f"{where}: data ends at byte {data_start + end}, past the end of the file ({file_size} bytes)"
-        )
-    return code, tuple(shape), data_start + begin
-
-
 def read_part_header(path: str) -> list[tuple[str, str, tuple[int, ...], int]]:
-    """The part file's tensors as ``(name, dtype code, shape, absolute offset)`` in file order."""
-    try:
-        with open(path, "rb") as fh:
-            file_size = os.fstat(fh.fileno()).st_size
-            prefix = fh.read(8)
-            if len(prefix) < 8:
-                raise CheckpointFormatError(f"{path}: {len(prefix)} bytes, too short for a safetensors header")
-            length = int.from_bytes(prefix, "little")
-            if length > min(MAX_HEADER_BYTES, file_size - 8):
-                raise CheckpointFormatError(
-                    f"{path}: header length {length} is larger than the file or the {MAX_HEADER_BYTES} allowed"
-                )
-            raw = fh.read(length)
-    except OSError as exc:
-        raise CheckpointFormatError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise CheckpointFormatError(f"{path}: header is not UTF-8 JSON ({exc})") from exc
-    if not isinstance(header, dict):
-        raise CheckpointFormatError(f"{path}: header must be a JSON object, found {type(header).__name__}")
-    entries = [(name, *_entry(path, name, raw, 8 + length, file_size))
-               for name, raw in header.items() if name != "__metadata__"]
-    return sorted(entries, key=lambda e: e[3])
+    """The part file's tensors as ``(name, dtype code, shape, absolute offset)`` in file order.
+
+    The header is checked by the one safetensors parser (:mod:`loader._safetensors_header`): a part
+    file whose tensors overlap, leave gaps or run past its end is refused as any safetensors file is.
+    """
+    header = read_file_header(path)
+    return [(t.name, t.dtype.code, t.shape, t.begin) for t in header.tensors.values()]
 
 
 def iter_part_files(files: tuple[str, ...], stats: ReadStats) -> Iterator[tuple[str, CheckpointTensor]]:

@@ -1,7 +1,7 @@
 """A minimal safetensors writer for sharded state (the format is a JSON header plus raw bytes).
 
 The core writes this one file shape itself so ``save-sharded`` needs no
-format plugin; reading goes through the safetensors plugin like any checkpoint.
+format plugin; :mod:`.reader` reads it back through the one safetensors header parser.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """The core's own source resolution: a local path, else a Hub id.
 
+A Hub id is downloaded as a snapshot (:mod:`.hub`), except for ``loader inspect``
+(``options.extra["headers_only"]``) of a safetensors repository, which is read in
+place, headers only (:mod:`.hub_files`).
+
 Registered as plugin ``core.sources`` with ``trylast`` so plugins that claim
 URI schemes (``s3://``) answer first.
 """
@@ -88,6 +92,13 @@ def loader_resolve_source(location: str, options: LoadOptions) -> Source | None:
         raise SourceNotFoundError(f"{location}: no such file or directory")
     if looks_like_hub_id(location):
         from .hub import download_snapshot
+
+        if options.extra.get("headers_only"):  # loader inspect: side files and headers, never the weights
+            from .hub_files import hub_header_source
+
+            remote = hub_header_source(location, options.revision, options.load_format)
+            if remote is not None:
+                return remote
 
         folder = download_snapshot(location, revision=options.revision, load_format=options.load_format)
         return Source(location=location, path=folder, revision=options.revision)

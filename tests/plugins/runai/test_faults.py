@@ -109,7 +109,8 @@ def _after_data_gets(server: CountingMotoServer, count: int, action: Any) -> Non
 
 def test_server_stops_mid_load(llama_checkpoint: Path, own_server: CountingMotoServer) -> None:
     _upload(own_server, llama_checkpoint)
-    _after_data_gets(own_server, 20, own_server.kill)
+    headers = 2 * len(list(llama_checkpoint.glob("*.safetensors")))  # two ranged GETs per header, checked first
+    _after_data_gets(own_server, headers + 20, own_server.kill)
     _load_fails("s3://models/m", StorageAccessError, r"s3://models/m/: streaming from object storage failed")
 
 
@@ -129,6 +130,21 @@ def test_object_truncated_during_the_load(llama_checkpoint: Path, own_server: Co
     _load_fails("s3://models/m", ObjectChangedError,
                 rf"s3://models/m/{shard.name}: changed while the load was reading it \(size {len(data)} -> "
                 rf"{len(data) // 2} bytes\)")
+
+
+def test_object_cut_inside_its_header_after_the_listing(llama_checkpoint: Path,
+                                                       own_server: CountingMotoServer) -> None:
+    """Cut between the listing and the header check: the change is named, not the torn header."""
+    client = _upload(own_server, llama_checkpoint)
+    shard = _first_shard(llama_checkpoint)
+    data = shard.read_bytes()
+
+    def truncate() -> None:
+        client.put_object(Bucket="models", Key=f"m/{shard.name}", Body=data[:4])
+
+    _after_data_gets(own_server, 1, truncate)
+    _load_fails("s3://models/m", ObjectChangedError,
+                rf"s3://models/m/{shard.name}: changed while the load was reading it \(size {len(data)} -> 4 bytes\)")
 
 
 def test_object_replaced_during_the_load(llama_checkpoint: Path, own_server: CountingMotoServer,

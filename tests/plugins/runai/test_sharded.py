@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +11,9 @@ import torch
 
 import loader
 from loader._sharded.save import save_sharded
-from loader.errors import SourceNotFoundError, UnsupportedError
+from loader.errors import CheckpointFormatError, SourceNotFoundError, UnsupportedError
 from loader.testing import simulated_tp
+from tests.helpers.malformed import data_start
 from tests.helpers.s3_server import CountingMotoServer, upload_folder
 
 
@@ -42,8 +44,10 @@ def test_each_rank_fetches_only_its_own_objects(tp2_state: Path, s3_client: Any,
     own = f"{bucket}/tp2/model-rank-{rank}-part-0.safetensors"
     other = f"{bucket}/tp2/model-rank-{1 - rank}-part-0.safetensors"
     assert s3_env.bytes_served[other] == 0
-    size = (tp2_state / own.rsplit("/", 1)[1]).stat().st_size
-    assert s3_env.bytes_served[own] == size  # the header once, then the tensors once
+    path = tp2_state / own.rsplit("/", 1)[1]
+    size = path.stat().st_size
+    # the header twice (the core's parser checks it first, then the streamer reads it), the tensors once
+    assert s3_env.bytes_served[own] == size + data_start(path)
     assert 0 < report.bytes_read < size
 
 
@@ -93,3 +97,29 @@ def test_save_sharded_from_s3_keeps_the_tokenizer(llama_checkpoint: Path, tmp_pa
     local = loader.load_model(str(llama_checkpoint), dtype="float32")
     for (name, a), (_, b) in zip(sharded.state_dict().items(), local.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("dtype", None, "field 'dtype' must be a dtype name, found nothing"),
+    ("architecture", 7, "field 'architecture' must be an architecture name, found 7"),
+    ("tp_size", True, "field 'tp_size' must be a positive integer, found true"),
+])
+def test_a_bad_marker_is_refused_as_the_core_refuses_it(tp2_state: Path, tmp_path: Path, s3_client: Any,
+                                                        bucket: str, field: str, value: Any, message: str) -> None:
+    """The marker passes the core's checks on ``s3://`` and locally, not a copy with fewer of them."""
+    import json
+    import shutil
+
+    state = tmp_path / "state"
+    shutil.copytree(tp2_state, state)
+    marker = json.loads((state / "sharded_state.json").read_text())
+    if value is None:
+        del marker[field]
+    else:
+        marker[field] = value
+    (state / "sharded_state.json").write_text(json.dumps(marker))
+    upload_folder(s3_client, state, bucket, "tp2")
+    for source, load_format in ((f"s3://{bucket}/tp2", "auto"), (str(state), "runai_streamer_sharded"),
+                                (str(state), "sharded_state")):
+        with simulated_tp(0, 2), pytest.raises(CheckpointFormatError, match=re.escape(message)):
+            loader.load_model(source, dtype="float32", load_format=load_format)

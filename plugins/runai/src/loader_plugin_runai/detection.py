@@ -15,12 +15,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from loader.checkpoint import MAX_JSON_BYTES, Source, WeightFormat, read_json_object
+from loader.checkpoint import MAX_JSON_BYTES, Source, WeightFormat
 from loader.errors import SourceNotFoundError
 
 from .identity import local_snapshot, object_snapshot
 from .s3_folder import S3Folder
-from .sharded import MARKER, marker_tp_size, rank_part_names
+from .sharded import MARKER, rank_part_names
 
 __all__ = ["FORMATS", "RUNAI", "RUNAI_SHARDED", "detect_local", "detect_remote"]
 
@@ -45,12 +45,10 @@ def _remote_sharded(folder: S3Folder, rank: int, tp_size: int) -> WeightFormat:
         raise SourceNotFoundError(
             f"{where}: load_format {RUNAI_SHARDED!r} needs a folder written by 'loader save-sharded' (no {MARKER})"
         )
-    marker = folder.uri.join(MARKER)
     raw = folder.read_bytes(MARKER, MAX_JSON_BYTES)
-    saved = marker_tp_size(read_json_object(raw or b"", MARKER, marker), marker)
-    names = rank_part_names(folder.list_files(), saved, rank, tp_size, where)
+    names = rank_part_names(raw or b"", folder.uri.join(MARKER), folder.list_files(), rank, tp_size, where)
     return WeightFormat(RUNAI_SHARDED, tuple(folder.uri.join(n) for n in names), parameter_names=True,
-                        post_processed=True, extra={"snapshot": object_snapshot(folder.uri, folder.listing(), names)})
+                        post_processed=True, extra={"snapshot": object_snapshot(folder.store, folder.listing(), names)})
 
 
 def detect_remote(source: Source, requested: str, rank: int, tp_size: int) -> WeightFormat | None:
@@ -68,7 +66,7 @@ def detect_remote(source: Source, requested: str, rank: int, tp_size: int) -> We
     index = _index_name(listed)
     return WeightFormat(RUNAI, tuple(folder.uri.join(n) for n in names),
                         index=folder.uri.join(index) if index is not None else None,
-                        extra={"snapshot": object_snapshot(folder.uri, folder.listing(), names)})
+                        extra={"snapshot": object_snapshot(folder.store, folder.listing(), names)})
 
 
 def _local_index(folder: Path) -> str | None:
@@ -87,8 +85,7 @@ def detect_local(source: Source, requested: str, rank: int, tp_size: int) -> Wei
             raise SourceNotFoundError(
                 f"{path}: load_format {RUNAI_SHARDED!r} needs a folder written by 'loader save-sharded' (no {MARKER})"
             )
-        saved = marker_tp_size(read_json_object(path / MARKER, MARKER), str(path / MARKER))
-        names = rank_part_names(sorted(os.listdir(path)), saved, rank, tp_size, str(path))
+        names = rank_part_names(path / MARKER, MARKER, sorted(os.listdir(path)), rank, tp_size, str(path))
         files = [str(path / n) for n in names]
         return WeightFormat(RUNAI_SHARDED, tuple(files), parameter_names=True, post_processed=True,
                             extra={"snapshot": local_snapshot(files)})

@@ -38,11 +38,14 @@ class Snapshot:
     files: Mapping[str, FileIdentity]
     uri: ObjectUri | None = None
     """The prefix the files are under, for ``s3://`` snapshots; ``None`` for local files."""
+    store: ObjectStore | None = attrs.field(default=None, eq=False, repr=False)
+    """The client that listed the prefix, asked again by :meth:`verify` and used to read headers:
+    one client per prefix for the whole load, not one per check."""
 
     def only(self, files: Iterable[str]) -> Snapshot:
         """The snapshot of ``files`` alone (those the core kept after filtering)."""
         kept = set(files)
-        return Snapshot({f: i for f, i in self.files.items() if f in kept}, self.uri)
+        return Snapshot({f: i for f, i in self.files.items() if f in kept}, self.uri, self.store)
 
     def current(self, file: str, store: ObjectStore | None) -> FileIdentity | None:
         """The file's identity now, or ``None`` if it is gone."""
@@ -61,8 +64,9 @@ class Snapshot:
             return None
         return FileIdentity(info.size, info.etag)
 
-    def verify(self, store: ObjectStore | None = None) -> None:
+    def verify(self) -> None:
         """Raise :class:`ObjectChangedError` naming the first file that changed since it was listed."""
+        store = self.store
         if self.uri is not None and store is None:
             store = ObjectStore(self.uri)
         for file, was in self.files.items():
@@ -81,9 +85,10 @@ class Snapshot:
                 )
 
 
-def object_snapshot(uri: ObjectUri, listing: Mapping[str, ObjectInfo], names: list[str]) -> Snapshot:
-    """The snapshot of ``names`` (under ``uri``) from a listing."""
-    return Snapshot({uri.join(n): FileIdentity(listing[n].size, listing[n].etag) for n in names}, uri)
+def object_snapshot(store: ObjectStore, listing: Mapping[str, ObjectInfo], names: list[str]) -> Snapshot:
+    """The snapshot of ``names`` (under the store's prefix) from the listing ``store`` took."""
+    uri = store.uri
+    return Snapshot({uri.join(n): FileIdentity(listing[n].size, listing[n].etag) for n in names}, uri, store)
 
 
 def local_snapshot(paths: list[str]) -> Snapshot:

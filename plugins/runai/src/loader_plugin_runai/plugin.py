@@ -55,14 +55,15 @@ def loader_iter_weights(
     """Stream this plugin's formats; with ``options.extra["headers_only"]``, headers alone (``loader inspect``)."""
     if weight_format.name not in FORMATS:
         return None
+    snapshot = weight_format.extra.get("snapshot")
+    if snapshot is not None:
+        snapshot = snapshot.only(weight_format.files)
     if options.extra.get("headers_only"):
-        from .declared import iter_declared_tensors
+        from .headers import iter_declared_tensors
 
-        return iter_declared_tensors(weight_format.files, stats)
+        return iter_declared_tensors(weight_format.files, snapshot, stats)
     from .settings import StreamerSettings
     from .stream import iter_streamed_weights
 
     settings = StreamerSettings.from_options(options.extra.get("format_options") or {})
-    snapshot = weight_format.extra.get("snapshot")
-    return iter_streamed_weights(weight_format.files, settings, stats, where=source.display(),
-                                 snapshot=snapshot.only(weight_format.files) if snapshot is not None else None)
+    return iter_streamed_weights(weight_format.files, settings, stats, where=source.display(), snapshot=snapshot)

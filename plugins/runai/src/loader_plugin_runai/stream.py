@@ -6,7 +6,9 @@ arrive in whatever order their reads finish. Each is yielded as a
 :class:`~loader_plugin_runai.tensor.StreamedTensor` and released (copied out
 or dropped, see :mod:`.tensor`) before the streamer is asked for the next,
 since its buffer is then reused. Every fetched byte is added to the load's
-``ReadStats``. Once the stream ends, the files' identities are checked
+``ReadStats``. Every header is first checked by the core's safetensors parser
+(:mod:`.headers`), so a malformed file is refused as the local reader refuses
+it, before anything is streamed. Once the stream ends, the files' identities are checked
 against the listing (:mod:`.identity`); a streamer failure becomes a
 :class:`~loader.errors.LoadError` naming the source and, when a file changed
 under the load, which one.
@@ -21,11 +23,25 @@ from loader.errors import CheckpointFormatError, LoadError, UnsupportedError
 from loader.weights import ReadStats
 
 from .errors import ObjectChangedError, StorageAccessError
+from .headers import read_headers
 from .identity import Snapshot
 from .settings import StreamerSettings
 from .tensor import StreamedTensor, StreamSlot
 
 __all__ = ["iter_streamed_weights"]
+
+
+def _changed(snapshot: Snapshot | None) -> ObjectChangedError | None:
+    """The error naming a file that changed since it was listed, if one did (and the store can say)."""
+    if snapshot is None:
+        return None
+    try:
+        snapshot.verify()
+    except ObjectChangedError as changed:
+        return changed
+    except LoadError:
+        pass  # the store cannot answer either (a server gone): the first reason says more
+    return None
 
 
 def _failure(where: str, remote: bool, snapshot: Snapshot | None, exc: BaseException) -> LoadError:
@@ -39,13 +55,9 @@ def _failure(where: str, remote: bool, snapshot: Snapshot | None, exc: BaseExcep
             f"{where}: format option 'memory_limit' is too small for this checkpoint: {exc} "
             "(use at least its largest tensor, 0 for one tensor at a time, or -1 for no limit)"
         )
-    if snapshot is not None:
-        try:
-            snapshot.verify()
-        except ObjectChangedError as changed:
-            return changed
-        except LoadError:
-            pass  # the store cannot answer either (a server gone): the streamer's reason says more
+    changed = _changed(snapshot)
+    if changed is not None:
+        return changed
     reason = " ".join(str(exc).split()) or type(exc).__name__
     if remote:
         return StorageAccessError(f"{where}: streaming from object storage failed: {reason}")
@@ -77,6 +89,14 @@ def iter_streamed_weights(
     from runai_model_streamer import SafetensorsStreamer
 
     remote = any("://" in f for f in files)
+    try:
+        for _ in read_headers(files, snapshot):  # the format's rules, before the streamer reads a byte
+            pass
+    except LoadError as exc:
+        changed = _changed(snapshot)  # a file replaced or cut since it was listed says so, not its torn header
+        if changed is None:
+            raise
+        raise changed from exc
     with settings.applied(), SafetensorsStreamer() as streamer:
         try:
             streamer.stream_files(list(files), device="cpu", owned=False)

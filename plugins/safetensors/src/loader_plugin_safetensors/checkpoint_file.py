@@ -14,11 +14,12 @@ import os
 from collections.abc import Iterator, Mapping
 from types import TracebackType
 
+from loader.checkpoint import SafetensorsHeader, SafetensorsTensorInfo
+from loader.checkpoint import read_safetensors_file_header as read_header
 from loader.errors import CheckpointFormatError
 from loader.weights import ReadStats
 
 from .file_access import SharedDescriptor
-from .header import SafetensorsHeader, TensorInfo, read_header
 from .tensor import SafetensorsTensor
 
 __all__ = ["SafetensorsFile", "open_checkpoint_file"]
@@ -42,7 +43,7 @@ class SafetensorsFile:
         return self.header.metadata
 
     @property
-    def infos(self) -> Mapping[str, TensorInfo]:
+    def infos(self) -> Mapping[str, SafetensorsTensorInfo]:
         """Header entries by name, in the order their bytes appear in the file."""
         return self.header.tensors
 

@@ -32,12 +32,12 @@ from typing import Any, BinaryIO
 import attrs
 import torch
 
+from loader.checkpoint import SAFETENSORS_DTYPES as DTYPES
+from loader.checkpoint import SafetensorsDType, SafetensorsTensorInfo
 from loader.errors import CheckpointFormatError, LoadError, UnsupportedError
 from loader.weights import ReadStats
 
-from .dtypes import DTYPES, SafetensorsDType
 from .file_access import SharedDescriptor
-from .header import TensorInfo
 from .tensor import SafetensorsTensor
 from .zip_records import ZipRecord, read_record, read_zip_records
 
@@ -172,7 +172,7 @@ class _Archive:
         code = _BY_TORCH_DTYPE.get(tensor.dtype)
         if storage.record.stored and not self.big_endian and code is not None and tensor.is_contiguous():
             begin = storage.record.data_offset + int(tensor.storage_offset()) * itemsize
-            info = TensorInfo(name, code, tuple(tensor.shape), begin, begin + int(tensor.numel()) * itemsize)
+            info = SafetensorsTensorInfo(name, code, tuple(tensor.shape), begin, begin + int(tensor.numel()) * itemsize)
             return SafetensorsTensor(descriptor, info, stats)
         values = torch.empty(0, dtype=tensor.dtype)
         return values.set_(self._in_memory(storage), tensor.storage_offset(), tensor.shape, tensor.stride())

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from loader.checkpoint import SafetensorsTensorInfo
 from loader.weights import CheckpointTensor, FileSpan, ReadStats
 
 from .byte_layout import ByteLayout, layout_of
-from .dtypes import torch_dtype_of
 from .file_access import SharedDescriptor
-from .header import TensorInfo
 
 if TYPE_CHECKING:
     import torch
@@ -37,7 +36,7 @@ class SafetensorsTensor(CheckpointTensor):
     def __init__(
         self,
         descriptor: SharedDescriptor,
-        info: TensorInfo,
+        info: SafetensorsTensorInfo,
         stats: ReadStats | None = None,
         view: tuple[tuple[int, int], ...] | None = None,
     ) -> None:
@@ -54,7 +53,7 @@ class SafetensorsTensor(CheckpointTensor):
 
     @property
     def dtype(self) -> torch.dtype:
-        return torch_dtype_of(self.info.dtype)
+        return self.info.dtype.torch_dtype()
 
     @property
     def itemsize(self) -> int:

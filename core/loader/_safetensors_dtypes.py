@@ -1,6 +1,8 @@
-"""The safetensors dtype codes this reader understands, without importing torch.
+"""The safetensors dtype codes every reader of the format understands, without importing torch.
 
-The header names each tensor's element type with a short code (``"BF16"``,
+One table for the safetensors plugin, the Run:ai plugin and the core's
+sharded-state reader (public through :mod:`loader.checkpoint`). The header
+names each tensor's element type with a short code (``"BF16"``,
 ``"F8_E4M3"``, ...). Parsing and validating a header only needs each code's
 item size, so this table keeps the torch dtype as an attribute *name* and
 resolves it only when a tensor is read; ``loader inspect`` stays torch-free.
@@ -25,6 +27,10 @@ class SafetensorsDType:
     code: str
     itemsize: int
     torch_name: str
+
+    def torch_dtype(self) -> torch.dtype:
+        """The torch dtype (imports torch); :class:`~loader.errors.UnsupportedError` if this torch lacks it."""
+        return torch_dtype_of(self)
 
 
 DTYPES: dict[str, SafetensorsDType] = {
@@ -63,7 +69,7 @@ def torch_dtype_of(dtype: SafetensorsDType) -> torch.dtype:
 
     found = getattr(torch, dtype.torch_name, None)
     if not isinstance(found, torch.dtype):
-        from loader.errors import UnsupportedError
+        from .errors import UnsupportedError
 
         raise UnsupportedError(
             f"safetensors dtype {dtype.code} needs torch.{dtype.torch_name}, which torch "

@@ -1,4 +1,9 @@
-"""Parse and strictly validate a safetensors header, without importing torch.
+"""Parse and strictly validate a safetensors header, without importing torch: the one parser.
+
+The safetensors plugin (local files), the Run:ai plugin (``s3://`` objects and
+``loader inspect``), the core's sharded-state reader and the Hub's headers-only
+inspection all read headers here (public through :mod:`loader.checkpoint`),
+so a header one of them refuses, every one refuses, with the same message.
 
 A safetensors file is an 8-byte little-endian header length ``N``, ``N`` bytes
 of UTF-8 JSON mapping each tensor name to ``{"dtype", "shape",
@@ -15,21 +20,22 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 
-from loader.errors import CheckpointFormatError, UnsupportedError
-
-from .dtypes import DTYPES, SUB_BYTE_CODES, SafetensorsDType
+from ._safetensors_dtypes import DTYPES, SUB_BYTE_CODES, SafetensorsDType
+from .errors import CheckpointFormatError, UnsupportedError
 
 __all__ = [
     "MAX_HEADER_BYTES",
     "METADATA_KEY",
+    "RangeReader",
     "SafetensorsHeader",
-    "TensorInfo",
+    "SafetensorsTensorInfo",
     "parse_header",
+    "read_file_header",
     "read_header",
 ]
 
@@ -41,7 +47,7 @@ _LENGTH_BYTES = 8
 
 
 @attrs.frozen
-class TensorInfo:
+class SafetensorsTensorInfo:
     """One header entry: where a tensor's bytes are and how to interpret them.
 
     ``begin``/``end`` are absolute file offsets (already shifted past the header).
@@ -72,19 +78,55 @@ class SafetensorsHeader:
     file_size: int
     data_start: int
     metadata: Mapping[str, str] = attrs.field(eq=False)
-    tensors: Mapping[str, TensorInfo] = attrs.field(eq=False)
+    tensors: Mapping[str, SafetensorsTensorInfo] = attrs.field(eq=False)
 
     @property
     def data_size(self) -> int:
         return self.file_size - self.data_start
 
 
-def read_header(path: str | os.PathLike[str], fd: int | None = None) -> SafetensorsHeader:
-    """Read and validate the header of the safetensors file at ``path``.
+RangeReader = Callable[[int, int], bytes]
+"""``read_range(start, length)``: up to ``length`` bytes of a file from ``start`` (a local file, an
+object's ranged GET, an HTTP ``Range`` request)."""
+
+
+def read_header(read_range: RangeReader, file_size: int, name: str) -> SafetensorsHeader:
+    """Read and validate the header of a file of ``file_size`` bytes through ``read_range``.
+
+    Exactly two reads: the 8-byte length, then the header itself, so a remote
+    file costs two small requests and never a byte of tensor data.
+
+    :param read_range: reads ``length`` bytes from ``start`` (fewer only where the file ends).
+    :param file_size: the whole file's size (a listing's, a ``stat``'s); the tensors must cover
+        exactly the bytes after the header.
+    :param name: how every error names the file.
+    :raises CheckpointFormatError: if the header is malformed.
+    """
+    if file_size < _LENGTH_BYTES:
+        raise CheckpointFormatError(
+            f"{name}: file is {file_size} bytes, too short for a safetensors file "
+            "(expected an 8-byte header length first)"
+        )
+    length = int.from_bytes(_read_exact(read_range, 0, _LENGTH_BYTES, name), "little")
+    if length > MAX_HEADER_BYTES:
+        raise CheckpointFormatError(
+            f"{name}: header length {length} is more than the {MAX_HEADER_BYTES} bytes allowed; "
+            "this is not a safetensors file"
+        )
+    if _LENGTH_BYTES + length > file_size:
+        raise CheckpointFormatError(
+            f"{name}: header length {length} runs past the end of the file ({file_size} bytes); "
+            "the file is truncated or not a safetensors file"
+        )
+    return parse_header(_read_exact(read_range, _LENGTH_BYTES, length, name), name, file_size)
+
+
+def read_file_header(path: str | os.PathLike[str], fd: int | None = None) -> SafetensorsHeader:
+    """Read and validate the header of the local safetensors file at ``path``.
 
     :param path: the file; named in every error.
     :param fd: an already open descriptor of the same file, to avoid a second open.
-    :raises CheckpointFormatError: if the header is malformed.
+    :raises CheckpointFormatError: if the file cannot be read or its header is malformed.
     """
     name = os.fspath(path)
     if fd is None:
@@ -93,42 +135,26 @@ def read_header(path: str | os.PathLike[str], fd: int | None = None) -> Safetens
         except OSError as exc:
             raise CheckpointFormatError(f"{name}: cannot open: {exc.strerror or exc}") from exc
         try:
-            return read_header(name, own)
+            return read_file_header(name, own)
         finally:
             os.close(own)
     try:
-        size = os.fstat(fd).st_size
-        if size < _LENGTH_BYTES:
-            raise CheckpointFormatError(
-                f"{name}: file is {size} bytes, too short for a safetensors file "
-                "(expected an 8-byte header length first)"
-            )
-        length = int.from_bytes(_pread_exact(fd, _LENGTH_BYTES, 0, name), "little")
-        if length > MAX_HEADER_BYTES:
-            raise CheckpointFormatError(
-                f"{name}: header length {length} is more than the {MAX_HEADER_BYTES} bytes allowed; "
-                "this is not a safetensors file"
-            )
-        if _LENGTH_BYTES + length > size:
-            raise CheckpointFormatError(
-                f"{name}: header length {length} runs past the end of the file ({size} bytes); "
-                "the file is truncated or not a safetensors file"
-            )
-        raw = _pread_exact(fd, length, _LENGTH_BYTES, name)
+        return read_header(lambda start, length: os.pread(fd, length, start), os.fstat(fd).st_size, name)
     except OSError as exc:
         raise CheckpointFormatError(f"{name}: cannot read the header: {exc.strerror or exc}") from exc
-    return parse_header(raw, name, size)
 
 
-def _pread_exact(fd: int, count: int, offset: int, name: str) -> bytes:
+def _read_exact(read_range: RangeReader, start: int, count: int, name: str) -> bytes:
+    """``count`` bytes from ``start``, asking again after a short read; the file ending first is an error."""
     parts = []
     while count:
-        chunk = os.pread(fd, count, offset)
+        chunk = read_range(start, count)
         if not chunk:
             raise CheckpointFormatError(f"{name}: file ended while reading the header")
+        chunk = chunk[:count]
         parts.append(chunk)
         count -= len(chunk)
-        offset += len(chunk)
+        start += len(chunk)
     return b"".join(parts)
 
 
@@ -188,13 +214,13 @@ def parse_header(raw: bytes, name: str, file_size: int) -> SafetensorsHeader:
     )
 
 
-def _check_contiguous(infos: list[TensorInfo], name: str, data_start: int, file_size: int) -> None:
+def _check_contiguous(infos: list[SafetensorsTensorInfo], name: str, data_start: int, file_size: int) -> None:
     """The reference reader's layout rule (``Metadata::validate``): sorted by offsets, the tensors
     cover the data exactly -- each begins where the previous ended (empty ones included), the
     first at the start of the data, the last at the end of the file. So no two tensors share a
     byte, and no bytes hide in gaps or after the last tensor.
     """
-    previous: TensorInfo | None = None
+    previous: SafetensorsTensorInfo | None = None
     end = data_start
     for info in infos:
         if info.begin < end:
@@ -217,7 +243,7 @@ def _check_contiguous(infos: list[TensorInfo], name: str, data_start: int, file_
         )
 
 
-def _rel(info: TensorInfo, data_start: int) -> list[int]:
+def _rel(info: SafetensorsTensorInfo, data_start: int) -> list[int]:
     return [info.begin - data_start, info.end - data_start]
 
 
@@ -254,7 +280,7 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _tensor_info(tensor: str, entry: Any, name: str, data_start: int, data_size: int) -> TensorInfo:
+def _tensor_info(tensor: str, entry: Any, name: str, data_start: int, data_size: int) -> SafetensorsTensorInfo:
     where = f"{name}: tensor {tensor!r}"
     if not isinstance(entry, _Pairs):
         raise CheckpointFormatError(
@@ -301,4 +327,4 @@ def _tensor_info(tensor: str, entry: Any, name: str, data_start: int, data_size:
             f"{where}: data_offsets {offsets} run past the end of the data "
             f"({data_size} bytes after the header)"
         )
-    return TensorInfo(tensor, dtype, tuple(shape), data_start + begin, data_start + end)
+    return SafetensorsTensorInfo(tensor, dtype, tuple(shape), data_start + begin, data_start + end)
