@@ -17,13 +17,13 @@ layout (:func:`read_sharded_marker`, :func:`sharded_part_names`).
 from __future__ import annotations
 
 import fnmatch
-import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import attrs
 
+from ._json_files import MAX_JSON_BYTES, read_json_object
 from ._model_folder import side_file
 from ._options import DTYPES, LoadOptions, parse_dtype
 from ._safetensors_dtypes import DTYPES as SAFETENSORS_DTYPES
@@ -33,10 +33,10 @@ from ._safetensors_header import RangeReader, SafetensorsHeader, SafetensorsTens
 from ._safetensors_header import parse_header as parse_safetensors_header
 from ._safetensors_header import read_file_header as read_safetensors_file_header
 from ._safetensors_header import read_header as read_safetensors_header
-from ._sharded.layout import MARKER as SHARDED_STATE_MARKER
-from ._sharded.layout import ShardedLayout
-from ._sharded.layout import part_names as sharded_part_names
-from ._sharded.layout import read_marker as read_sharded_marker
+from ._sharded_layout import MARKER as SHARDED_STATE_MARKER
+from ._sharded_layout import ShardedLayout
+from ._sharded_layout import part_names as sharded_part_names
+from ._sharded_layout import read_marker as read_sharded_marker
 from .errors import ConfigError, LoadError
 
 if TYPE_CHECKING:
@@ -195,45 +195,6 @@ def is_training_artifact(name: str) -> bool:
     """Whether a file (by its base name) is training state saved beside the weights, not a weight file."""
     base = PurePosixPath(name).name
     return any(fnmatch.fnmatchcase(base, pattern) for pattern in TRAINING_ARTIFACTS)
-
-
-MAX_JSON_BYTES = 64 * 1024 * 1024
-
-
-def read_json_object(source: Path | bytes, what: str, where: str | None = None) -> dict[str, Any]:
-    """Read a JSON object from a file, or parse it from bytes; any problem is a :class:`ConfigError`.
-
-    :param source: the file, or its bytes (read through a remote source's
-        :class:`~loader.checkpoint.SourceReader`).
-    :param what: what the file is, for messages (``"config.json"``).
-    :param where: how messages name the file when ``source`` is bytes (default ``what``).
-    """
-    path = where or what if isinstance(source, bytes) else source
-    try:
-        if isinstance(source, bytes):
-            raw = source
-            if len(raw) > MAX_JSON_BYTES:
-                raise ConfigError(f"{path}: {what} is {len(raw)} bytes, more than the {MAX_JSON_BYTES} allowed")
-        else:
-            size = source.stat().st_size
-            if size > MAX_JSON_BYTES:
-                raise ConfigError(f"{path}: {what} is {size} bytes, more than the {MAX_JSON_BYTES} allowed")
-            with source.open("rb") as fh:
-                raw = fh.read()
-        data = json.loads(raw.decode("utf-8"))
-    except ConfigError:
-        raise
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: {what} is not UTF-8 ({exc.reason} at byte {exc.start})") from exc
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: {what} is not valid JSON ({exc.msg} at line {exc.lineno})") from exc
-    except (ValueError, RecursionError) as exc:  # an integer too long to convert, nesting too deep
-        raise ConfigError(f"{path}: {what} is not valid JSON ({exc})") from exc
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read {what}: {exc.strerror or exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: {what} must be a JSON object, found {type(data).__name__}")
-    return data
 
 
 def read_source_file(source: Source, name: str, limit: int = MAX_JSON_BYTES) -> bytes | None:

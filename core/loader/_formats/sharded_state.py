@@ -30,7 +30,7 @@ def loader_detect_format(source: Source, requested: str) -> WeightFormat | None:
     if requested not in ("auto", SHARDED_STATE) or source.directory is None:
         return None
     from .._session import current_session
-    from .._sharded.layout import MARKER, rank_files, read_layout
+    from .._sharded_layout import MARKER, rank_files, read_layout
 
     layout = read_layout(source.directory)
     if layout is None:

@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from .._distributed import simulated_tp
+from .._sharded_layout import ShardedLayout, part_file_name, write_marker
 from ..checkpoint import Source, read_source_file
 from ..errors import SourceNotFoundError, UnsupportedError
-from .layout import ShardedLayout, part_file_name, write_marker
 from .writer import write_safetensors
 
 __all__ = ["SavedShards", "save_sharded", "state_for_saving"]

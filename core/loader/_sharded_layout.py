@@ -16,7 +16,8 @@ from typing import Any
 
 import attrs
 
-from ..errors import CheckpointFormatError, UnsupportedError
+from ._json_files import read_json_object
+from .errors import CheckpointFormatError, UnsupportedError
 
 __all__ = ["MARKER", "ShardedLayout", "part_file_name", "part_names", "rank_files", "read_layout", "read_marker",
            "validate_marker"]
@@ -57,7 +58,6 @@ def read_marker(source: Path | bytes, where: str | None = None) -> ShardedLayout
     :raises ConfigError: if it is not a JSON object.
     :raises CheckpointFormatError: if a field is missing or of the wrong kind.
     """
-    from ..checkpoint import read_json_object
 
     name = (where or MARKER) if isinstance(source, bytes) else str(source)
     return validate_marker(name, read_json_object(source, MARKER, name))
