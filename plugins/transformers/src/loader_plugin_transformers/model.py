@@ -20,6 +20,7 @@ from torch import nn
 from loader.models import SupportsQuantization, SupportsTensorParallel
 
 from .coverage import covered_architectures, hf_model_spec
+from .gguf_names import gguf_to_hf_names, rename_gguf_weights
 from .parallel import swap_linears
 from .quantization import check_quantization
 from .weight_loading import compute_buffers, load_hf_weights
@@ -57,6 +58,10 @@ class TransformersForCausalLM(nn.Module, SupportsTensorParallel, SupportsQuantiz
         build = spec.model_class._from_config  # type: ignore[attr-defined]
         self.hf_model: nn.Module = build(spec.config, dtype=ctx.dtype)
         plan = getattr(spec.config, "base_model_tp_plan", None)
+        self._gguf_architecture = spec.gguf_architecture
+        self._gguf_names = (None if spec.gguf_architecture is None else
+                            gguf_to_hf_names(self.hf_model, spec.gguf_architecture,
+                                             int(getattr(spec.config, "num_hidden_layers", 0) or 0)))
         self._transposed = swap_linears(self.hf_model, architecture=spec.architecture, plan=plan,
                                         quant_config=ctx.quant_config, dtype=ctx.dtype)
         self._caches: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -67,6 +72,8 @@ class TransformersForCausalLM(nn.Module, SupportsTensorParallel, SupportsQuantiz
 
     def load_weights(self, weights: Iterable[tuple[str, CheckpointTensor]]) -> set[str]:
         """Fill every parameter by its transformers name; return the names (under ``hf_model.``) filled."""
+        if self._gguf_names is not None and self._gguf_architecture is not None:  # a GGUF file: its names
+            weights = rename_gguf_weights(weights, self._gguf_names, arch=self._gguf_architecture, label=self.label)
         filled = load_hf_weights(self.hf_model, weights, transposed=self._transposed, label=self.label)
         return {f"{HF_MODEL}.{name}" for name in filled}
 
