@@ -68,8 +68,8 @@ def config_from_gguf(path: Path, refusal: UnknownArchitectureError) -> dict[str,
     what transformers lacks, when transformers cannot read the architecture either.
     """
     from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     values, tensor_names = _fields(path)
     arch = values.get("general.architecture")
@@ -93,8 +93,9 @@ def config_from_gguf(path: Path, refusal: UnknownArchitectureError) -> dict[str,
         config.setdefault(key, value)
     for key, value in values.items():
         prefix, _, rest = key.partition(".")
-        renamed = GGUF_CONFIG_MAPPING.get(prefix, {}).get(rest, -1)
-        if renamed is not None and renamed != -1:
+        section: Any = GGUF_CONFIG_MAPPING.get(prefix, {})
+        renamed = section.get(rest, -1)
+        if isinstance(renamed, str):  # None: read but unused; -1: not a config key
             config[renamed] = value
     if "vocab_size" not in config and isinstance(values.get("tokenizer.ggml.tokens"), list):
         config["vocab_size"] = len(values["tokenizer.ggml.tokens"])
