@@ -66,7 +66,7 @@ def test_architecture_neither_native_nor_known_to_transformers_is_one_line(tmp_p
     message = str(info.value)
     assert "\n" not in message
     assert "model.gguf: GGUF architecture 'bert' is not supported" in message
-    assert "nor can transformers" in message and "phi3" in message
+    assert "nor can the transformers fallback read it" in message and "phi3" in message
 
 
 def test_architecture_whose_tensors_transformers_rewrites_unreproduced_is_refused(tmp_path):

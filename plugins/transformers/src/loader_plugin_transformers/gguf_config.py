@@ -32,6 +32,11 @@ REWRITTEN = ("gemma2", "gemma3", "gpt2")
 """Architectures whose transformers tensor processor :mod:`.gguf_names` reproduces (the others need none)."""
 
 _TIED_ALWAYS = ("falcon", "bloom")  # transformers ties these whatever the file holds
+_NATIVE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+"""Tables transformers has for the native families' GGUF files: the GGUF plugin names those tensors itself."""
+_RENAMED_FROM_FILES = ("qwen2_moe", "qwen3_moe", "minimax_m2", "gpt_oss")
+"""Table keys transformers reaches by renaming a file's architecture (``qwen2moe``, ...), all with tensor processors."""
+_TEXT_MODEL_TYPES = {"gemma3": "gemma3_text", "gemma4": "gemma4_text"}  # transformers loads their text backbone
 
 
 def _transformers_version() -> str:
@@ -43,9 +48,14 @@ def _transformers_version() -> str:
 def readable_architectures() -> tuple[str, ...]:
     """GGUF architectures transformers can read and the fallback can load (sorted)."""
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES, TENSOR_PROCESSORS
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    return tuple(sorted(a for a in GGUF_SUPPORTED_ARCHITECTURES
-                        if a not in ("general", "tokenizer") and (a not in TENSOR_PROCESSORS or a in REWRITTEN)))
+    return tuple(sorted(
+        arch for arch in GGUF_SUPPORTED_ARCHITECTURES
+        if arch not in ("general", "tokenizer", *_NATIVE_FAMILIES, *_RENAMED_FROM_FILES)
+        and (arch not in TENSOR_PROCESSORS or arch in REWRITTEN)
+        and _TEXT_MODEL_TYPES.get(arch, arch) in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    ))
 
 
 def _fields(path: Path) -> tuple[dict[str, Any], list[str]]:
@@ -73,16 +83,16 @@ def config_from_gguf(path: Path, refusal: UnknownArchitectureError) -> dict[str,
 
     values, tensor_names = _fields(path)
     arch = values.get("general.architecture")
-    if not isinstance(arch, str) or arch in ("general", "tokenizer") or arch not in GGUF_CONFIG_MAPPING:
-        readable = ", ".join(readable_architectures())
-        raise UnknownArchitectureError(f"{refusal}; nor can transformers {_transformers_version()} read it "
-                                       f"from GGUF (it reads: {readable})") from refusal
-    if arch in TENSOR_PROCESSORS and arch not in REWRITTEN:
+    if isinstance(arch, str) and arch in TENSOR_PROCESSORS and arch not in REWRITTEN:
         raise UnsupportedError(
             f"{path}: GGUF architecture {arch!r} has no native plugin, and transformers rewrites its tensors "
             f"while loading ({TENSOR_PROCESSORS[arch].__name__}), which the transformers fallback does not "
             f"reproduce; it loads GGUF files of: {', '.join(readable_architectures())}"
         )
+    if not isinstance(arch, str) or arch not in readable_architectures():
+        raise UnknownArchitectureError(f"{refusal}; nor can the transformers fallback read it through transformers "
+                                       f"{_transformers_version()}'s GGUF tables (it reads: "
+                                       f"{', '.join(readable_architectures())})") from refusal
     config: dict[str, Any] = {}
     if arch == "stablelm":  # as transformers does: read from which tensors exist
         config["use_qkv_bias"] = any(name.endswith(("attn_q.bias", "attn_k.bias", "attn_v.bias"))
@@ -99,7 +109,8 @@ def config_from_gguf(path: Path, refusal: UnknownArchitectureError) -> dict[str,
             config[renamed] = value
     if "vocab_size" not in config and isinstance(values.get("tokenizer.ggml.tokens"), list):
         config["vocab_size"] = len(values["tokenizer.ggml.tokens"])
-    model_type = "gemma3_text" if config.get("model_type") == "gemma3" else config.get("model_type")
+    model_type = config.get("model_type")
+    model_type = _TEXT_MODEL_TYPES.get(model_type, model_type) if isinstance(model_type, str) else None
     config["model_type"] = model_type
     class_name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type) if isinstance(model_type, str) else None
     if class_name is None:
