@@ -149,6 +149,7 @@ def swap_linears(hf_model: nn.Module, *, architecture: str, plan: Mapping[str, s
     head = get_head() if callable(get_head) else None
     base_prefix = str(getattr(hf_model, "base_model_prefix", "") or "")
     swapped_conv1d: set[str] = set()
+    replicated = 0
     for name, module in list(hf_model.named_modules()):
         if not isinstance(module, kinds) or module is head:
             continue
@@ -162,11 +163,19 @@ def swap_linears(hf_model: nn.Module, *, architecture: str, plan: Mapping[str, s
         assert isinstance(module, nn.Module)
         if replicate_kv and name.rsplit(".", 1)[-1] in _KV_PROJECTIONS:
             layer = _replicated_kv_layer(style, _sizes(module), dtype, quant_config, name, config, architecture)
+            replicated += 1
         else:
             layer = _layer(style, _sizes(module), dtype, quant_config, name)
         hf_model.set_submodule(name, layer)
         if conv1d is not None and isinstance(module, conv1d):
             swapped_conv1d.add(name)
+    if replicate_kv and not replicated:
+        raise UnsupportedError(
+            f"{architecture}: num_key_value_heads={getattr(config, 'num_key_value_heads', None)} is fewer than "
+            f"tensor parallel size "
+            f"{tp}, and its key/value projections are not separate k_proj/v_proj modules (a fused qkv cannot "
+            "replicate its heads); load it with a tp that divides num_key_value_heads"
+        )
     if replicate_kv:  # each rank's query heads now share its one key/value head
         heads_per_rank = int(getattr(config, "num_attention_heads", 0)) // tp
         for module in hf_model.modules():
