@@ -5,7 +5,7 @@ once. On the CPU, tensors of at least
 :func:`~loader._mapped_parameters.min_map_bytes` (1 MiB) get memory of their own, into
 which the checkpoint's file pages can be mapped (:mod:`loader._mapped_parameters`);
 the rest (and all of them with ``LOADER_MAP_WEIGHTS=0``) are carved from one
-arena. Both are advised for transparent huge pages, which makes first-touch
+arena. Both are advised for transparent huge pages (whole 2 MiB spans only), which makes first-touch
 page faults (the dominant cost of copying a checkpoint into fresh memory)
 about 8x cheaper. Parameter objects are kept (only ``.data`` changes), so
 ``weight_loader`` attributes survive.
@@ -56,20 +56,27 @@ _HUGE_PAGE = 2 * 1024 * 1024
 
 
 def _cpu_arena(nbytes: int) -> torch.Tensor:
-    """Private anonymous memory, 2 MiB aligned and advised for transparent huge pages.
+    """Private anonymous memory, 2 MiB aligned, its whole 2 MiB spans advised for transparent huge pages.
 
     Private, because the kernel ignores huge-page advice on shared memory where
     ``shmem_enabled`` is ``never`` (``mmap.mmap(-1, n)`` alone is ``MAP_SHARED``);
-    aligned, so every 2 MiB of the arena can be one page.
+    aligned, so every 2 MiB of the arena can be one page. Only the spans the
+    arena fills are advised, and the tail is advised against: a huge page
+    faulted in for a few norm weights and rotary tables (the usual arena when
+    large tensors are mapped, ~70 KiB for a 1 GB Llama) would add a whole
+    2 MiB of zeroes to the resident set.
     """
     size = max(nbytes, 1) + _HUGE_PAGE
     flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
     buffer = mmap.mmap(-1, size, flags=flags) if flags else mmap.mmap(-1, size)
     whole = torch.frombuffer(buffer, dtype=torch.uint8)  # keeps ``buffer`` alive
     skip = -whole.data_ptr() % _HUGE_PAGE
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        with contextlib.suppress(OSError):  # kernels without THP
-            buffer.madvise(mmap.MADV_HUGEPAGE)
+    advised = nbytes // _HUGE_PAGE * _HUGE_PAGE
+    with contextlib.suppress(OSError):  # kernels without THP
+        if advised and hasattr(mmap, "MADV_HUGEPAGE"):
+            buffer.madvise(mmap.MADV_HUGEPAGE, skip, advised)
+        if hasattr(mmap, "MADV_NOHUGEPAGE") and size - skip - advised > 0:
+            buffer.madvise(mmap.MADV_NOHUGEPAGE, skip + advised, size - skip - advised)
     return whole[skip:skip + max(nbytes, 1)]
 
 

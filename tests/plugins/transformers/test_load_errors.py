@@ -101,10 +101,11 @@ def test_tensor_parallel_without_a_plan_names_the_architecture(tmp_path):
 def test_tensor_parallel_with_heads_that_do_not_split_names_the_field(tmp_path):
     from loader._distributed import simulated_tp
 
-    save_fallback_checkpoint(tmp_path, "granite", num_key_value_heads=1)
+    # fewer KV heads than ranks are replicated; more that tp does not divide cannot be split
+    save_fallback_checkpoint(tmp_path, "granite", hidden_size=48, num_attention_heads=6, num_key_value_heads=3)
     with simulated_tp(0, 2), pytest.raises(UnsupportedError) as exc:
         loader.load_model(str(tmp_path))
-    assert _one_line(exc) == "GraniteForCausalLM: num_key_value_heads=1 is not divisible by tensor parallel size 2"
+    assert _one_line(exc) == "GraniteForCausalLM: num_key_value_heads=3 is not divisible by tensor parallel size 2"
 
 
 class _OtherQuantization(QuantizationConfig):

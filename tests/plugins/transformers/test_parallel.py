@@ -56,3 +56,37 @@ def test_plain_loads_keep_transformers_modules():
     assert swap_linears(model, architecture="GraniteForCausalLM", plan=model.config.base_model_tp_plan,
                         quant_config=None, dtype=torch.float32) == set()
     assert type(model.model.layers[0].self_attn.q_proj) is torch.nn.Linear
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_fewer_kv_heads_than_ranks_are_replicated(rank):
+    from transformers import AutoModelForCausalLM
+
+    from loader_plugin_transformers.parallel import ReplicatedHeadsLinear
+
+    config = fallback_config("granite", num_key_value_heads=1)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with simulated_tp(rank, 2), torch.device("meta"):
+        swap_linears(model, architecture="GraniteForCausalLM", plan=config.base_model_tp_plan,
+                     quant_config=None, dtype=torch.float32)
+    attn = model.model.layers[0].self_attn
+    head = config.hidden_size // config.num_attention_heads
+    assert isinstance(attn.k_proj, ReplicatedHeadsLinear) and isinstance(attn.v_proj, ReplicatedHeadsLinear)
+    assert tuple(attn.k_proj.weight.shape) == (head, config.hidden_size)  # the one KV head, on both ranks
+    assert attn.k_proj._output_part(None).start == 0 and attn.k_proj._output_part(None).full == head
+    assert tuple(attn.q_proj.weight.shape) == (config.hidden_size // 2, config.hidden_size)
+    assert attn.num_key_value_groups == config.num_attention_heads // 2  # this rank's query heads share it
+
+
+def test_a_fused_qkv_with_fewer_kv_heads_than_ranks_is_refused():
+    from transformers import AutoModelForCausalLM
+
+    config = fallback_config("phi3", num_key_value_heads=1)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with simulated_tp(0, 2), torch.device("meta"), pytest.raises(UnsupportedError) as exc:
+        swap_linears(model, architecture="Phi3ForCausalLM", plan=config.base_model_tp_plan,
+                     quant_config=None, dtype=torch.float32)
+    assert str(exc.value).startswith("Phi3ForCausalLM: num_key_value_heads=1 is fewer than tensor parallel size 2, "
+                                     "and its key/value projections are not separate k_proj/v_proj modules")

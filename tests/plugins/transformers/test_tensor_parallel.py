@@ -1,7 +1,8 @@
 """Tensor parallelism from the config's ``base_model_tp_plan``: tp=2 under torchrun gives the tp=1 logits.
 
 Granite's plan is plain colwise/rowwise; OLMo 2's gathers q/k/v (their norms
-need whole rows) and splits o_proj's input; Phi-3's fuses qkv and gate/up.
+need whole rows) and splits o_proj's input; Phi-3's fuses qkv and gate/up; a
+Granite with one KV head on two ranks replicates it (as vLLM does).
 """
 
 from __future__ import annotations
@@ -25,15 +26,16 @@ pytestmark = pytest.mark.torchrun
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).parent / "scripts" / "tp_fallback.py"
 RANKS = 2
-CASES = {"granite": {"tie_word_embeddings": False}, "olmo2": {}, "phi3": {}}
+CASES = {"granite": ("granite", {"tie_word_embeddings": False}), "olmo2": ("olmo2", {}), "phi3": ("phi3", {}),
+         "granite-one-kv-head": ("granite", {"num_key_value_heads": 1})}  # tp=2 > 1 KV head: replicated
 
 
 @pytest.fixture(scope="module")
 def tp_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("tp-fallback")
     paths = {case: root / case for case in CASES}
-    for case, overrides in CASES.items():
-        save_fallback_checkpoint(paths[case], case, **overrides)
+    for case, (family, overrides) in CASES.items():
+        save_fallback_checkpoint(paths[case], family, **overrides)
     out = root / "out"
     out.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}

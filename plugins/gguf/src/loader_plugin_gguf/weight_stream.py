@@ -15,9 +15,9 @@ from pathlib import Path
 from loader.errors import UnsupportedError
 from loader.weights import CheckpointTensor, ReadStats, interleaved_to_half_rotary
 
-from .config import ROTARY_PERMUTED, attention_heads
+from .config import ARCHITECTURES, ROTARY_PERMUTED, attention_heads
 from .dequantize import SUPPORTED_TYPES, is_supported
-from .header import read_header
+from .header import GGUFHeader, read_header
 from .names import name_mapper
 from .tensors import GGUFTensor, MappedFile
 
@@ -29,6 +29,9 @@ def iter_gguf_weights(files: Sequence[str], stats: ReadStats) -> Iterator[tuple[
     headers = [read_header(Path(f)) for f in files]
     first = headers[0]
     arch = first.architecture
+    if arch not in ARCHITECTURES:  # read for the transformers fallback, which maps the GGUF names itself
+        yield from _iter_under_gguf_names(headers, stats)
+        return
     blocks = first.metadata.get(f"{arch}.block_count")
     mapper = name_mapper(arch, blocks if isinstance(blocks, int) else 0)
     permuted = arch in ROTARY_PERMUTED
@@ -50,3 +53,20 @@ def iter_gguf_weights(files: Sequence[str], stats: ReadStats) -> Iterator[tuple[
             elif permuted and ".self_attn.k_proj." in hf:
                 tensor = interleaved_to_half_rotary(tensor, kv_heads)
             yield hf, tensor
+
+
+def _iter_under_gguf_names(headers: Sequence[GGUFHeader], stats: ReadStats) -> Iterator[tuple[str, CheckpointTensor]]:
+    """Every tensor under its GGUF name: an architecture no native model serves.
+
+    Its config came from the transformers fallback (the GGUF plugin refuses to
+    build one), which renames the tensors through transformers' GGUF tables.
+    """
+    for header in headers:
+        mapped = MappedFile(header.path)
+        for info in header.tensors:
+            if not is_supported(info.ggml_type):
+                raise UnsupportedError(
+                    f"tensor {info.name!r} in {header.path}: ggml type {info.type_name} cannot be "
+                    f"dequantized; supported: {', '.join(SUPPORTED_TYPES)}"
+                )
+            yield info.name, GGUFTensor(info, mapped, stats)

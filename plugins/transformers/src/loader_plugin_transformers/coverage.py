@@ -43,6 +43,8 @@ class HFModelSpec:
     architecture: str
     model_class: type
     config: Any
+    gguf_architecture: str | None = None
+    """The GGUF file's ``general.architecture`` when the config came from one (tensors come under GGUF names)."""
 
 
 def _transformers_version() -> str:
@@ -56,6 +58,10 @@ def hf_model_spec(hf_config: Mapping[str, Any]) -> HFModelSpec:
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+    from .gguf_config import GGUF_ARCHITECTURE_KEY
+
+    gguf_architecture = hf_config.get(GGUF_ARCHITECTURE_KEY)
+    hf_config = {key: value for key, value in hf_config.items() if key != GGUF_ARCHITECTURE_KEY}
     archs = hf_config.get("architectures") or []
     arch = str(archs[0]) if isinstance(archs, list) and archs else "(none listed)"
     model_type = hf_config.get("model_type")
@@ -82,4 +88,5 @@ def hf_model_spec(hf_config: Mapping[str, Any]) -> HFModelSpec:
         config = CONFIG_MAPPING[model_type].from_dict(dict(hf_config))
     except (TypeError, ValueError, KeyError) as exc:
         raise ConfigError(f"config.json cannot be read as a transformers {model_type} config: {exc}") from exc
-    return HFModelSpec(architecture=class_name, model_class=model_class, config=config)
+    return HFModelSpec(architecture=class_name, model_class=model_class, config=config,
+                       gguf_architecture=gguf_architecture if isinstance(gguf_architecture, str) else None)

@@ -17,11 +17,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
-from loader.models import SupportsQuantization, SupportsTensorParallel
+from loader.models import SupportsQuantization, SupportsTensorParallel, current_session
 
 from .coverage import covered_architectures, hf_model_spec
-from .parallel import swap_linears
-from .quantization import check_quantization
 from .weight_loading import compute_buffers, load_hf_weights
 
 if TYPE_CHECKING:
@@ -52,13 +50,27 @@ class TransformersForCausalLM(nn.Module, SupportsTensorParallel, SupportsQuantiz
         spec = hf_model_spec(ctx.hf_config)
         self.architecture = spec.architecture
         self.label = f"transformers' {spec.architecture}"
-        check_quantization(ctx.quant_config, spec.architecture)
+        if ctx.quant_config is not None:
+            from .quantization import check_quantization
+
+            check_quantization(ctx.quant_config, spec.architecture)
         self.hf_config = spec.config
         build = spec.model_class._from_config  # type: ignore[attr-defined]
         self.hf_model: nn.Module = build(spec.config, dtype=ctx.dtype)
-        plan = getattr(spec.config, "base_model_tp_plan", None)
-        self._transposed = swap_linears(self.hf_model, architecture=spec.architecture, plan=plan,
-                                        quant_config=ctx.quant_config, dtype=ctx.dtype)
+        self._gguf_architecture = spec.gguf_architecture
+        self._gguf_names: dict[str, str] | None = None
+        if spec.gguf_architecture is not None:  # a GGUF file: its tensors come under GGUF names
+            from .gguf_names import gguf_to_hf_names
+
+            layers = int(getattr(spec.config, "num_hidden_layers", 0) or 0)
+            self._gguf_names = gguf_to_hf_names(self.hf_model, spec.gguf_architecture, layers)
+        self._transposed: set[str] = set()
+        if current_session().tp_size > 1 or ctx.quant_config is not None:  # a plain load keeps every module
+            from .parallel import swap_linears
+
+            plan = getattr(spec.config, "base_model_tp_plan", None)
+            self._transposed = swap_linears(self.hf_model, architecture=spec.architecture, plan=plan,
+                                            quant_config=ctx.quant_config, dtype=ctx.dtype)
         self._caches: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
     def init_buffers(self, device: torch.device) -> None:
@@ -67,6 +79,10 @@ class TransformersForCausalLM(nn.Module, SupportsTensorParallel, SupportsQuantiz
 
     def load_weights(self, weights: Iterable[tuple[str, CheckpointTensor]]) -> set[str]:
         """Fill every parameter by its transformers name; return the names (under ``hf_model.``) filled."""
+        if self._gguf_names is not None and self._gguf_architecture is not None:  # a GGUF file: its names
+            from .gguf_names import rename_gguf_weights
+
+            weights = rename_gguf_weights(weights, self._gguf_names, arch=self._gguf_architecture, label=self.label)
         filled = load_hf_weights(self.hf_model, weights, transposed=self._transposed, label=self.label)
         return {f"{HF_MODEL}.{name}" for name in filled}
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -28,9 +28,9 @@ from loader.layers import ColumnParallelLinear, LinearBase, RowParallelLinear
 from loader.models import current_session, divide
 
 if TYPE_CHECKING:
-    from loader.layers import QuantizationConfig
+    from loader.layers import OutputPart, QuantizationConfig
 
-__all__ = ["SplitInputRowParallelLinear", "plan_style", "swap_linears"]
+__all__ = ["ReplicatedHeadsLinear", "SplitInputRowParallelLinear", "plan_style", "swap_linears"]
 
 SUPPORTED_STYLES = ("colwise", "rowwise", "colwise_gather_output", "rowwise_split_input")
 
@@ -42,6 +42,27 @@ class SplitInputRowParallelLinear(RowParallelLinear):
         if self.tp_size > 1:
             x = x.narrow(-1, self.tp_rank * self.input_size_per_partition, self.input_size_per_partition)
         return super().forward(x)
+
+
+class ReplicatedHeadsLinear(ColumnParallelLinear):
+    """A key or value projection with fewer heads than ranks: each rank holds the one head its queries use.
+
+    As vLLM (and loader's native ``QKVParallelLinear``) do, head ``h`` is
+    replicated on ``tp / heads`` consecutive ranks; rank ``r`` reads only the
+    rows of head ``r // (tp / heads)``.
+    """
+
+    def __init__(self, input_size: int, output_size: int, *, num_heads: int, **kwargs: object) -> None:
+        tp = current_session().tp_size
+        self.head_size = divide(output_size, num_heads, f"{kwargs.get('prefix', '')}: output rows per head")
+        self.replicas = divide(tp, num_heads, f"{kwargs.get('prefix', '')}: ranks per key/value head")
+        super().__init__(input_size, self.head_size * tp, **kwargs)  # type: ignore[arg-type]
+        self.output_size = output_size  # the checkpoint tensor's rows; each rank holds head_size of them
+
+    def _output_part(self, shard_id: object) -> OutputPart:
+        part = super()._output_part(shard_id)  # type: ignore[arg-type]
+        start = (self.tp_rank // self.replicas) * self.head_size
+        return type(part)(start, self.head_size, 0, self.output_size)
 
 
 def plan_style(name: str, plan: Mapping[str, str]) -> str | None:
@@ -82,12 +103,26 @@ def _layer(style: str | None, sizes: tuple[int, int, bool], dtype: torch.dtype,
     return ColumnParallelLinear(in_features, out_features, gather_output=True, **common)  # type: ignore[arg-type]
 
 
-def check_head_split(config: object, architecture: str, tp: int) -> None:
-    """Heads must split evenly: transformers' attention infers this rank's head count from its q/k/v rows."""
-    for field in ("num_attention_heads", "num_key_value_heads"):
-        value = getattr(config, field, None)
-        if isinstance(value, int):
-            divide(value, tp, f"{architecture}: {field}")
+def check_head_split(config: object, architecture: str, tp: int) -> bool:
+    """Heads must split over ranks (transformers' attention infers this rank's head count from its rows).
+
+    Query heads must divide evenly; key/value heads either divide evenly or,
+    fewer than the ranks, are replicated (tp a multiple of them). Returns
+    whether they are replicated.
+    """
+    heads = getattr(config, "num_attention_heads", None)
+    if isinstance(heads, int):
+        divide(heads, tp, f"{architecture}: num_attention_heads")
+    kv_heads = getattr(config, "num_key_value_heads", None)
+    if not isinstance(kv_heads, int) or kv_heads >= tp or kv_heads == 0:
+        if isinstance(kv_heads, int):
+            divide(kv_heads, tp, f"{architecture}: num_key_value_heads")
+        return False
+    divide(tp, kv_heads, f"{architecture}: tensor parallel size {tp} replicating num_key_value_heads")
+    return True
+
+
+_KV_PROJECTIONS = ("k_proj", "v_proj")
 
 
 def swap_linears(hf_model: nn.Module, *, architecture: str, plan: Mapping[str, str] | None,
@@ -106,14 +141,15 @@ def swap_linears(hf_model: nn.Module, *, architecture: str, plan: Mapping[str, s
             f"{architecture}: tensor parallel size {tp} needs a base_model_tp_plan in its transformers config, and "
             f"{architecture} declares none; load it with tp=1 or through a native model plugin"
         )
-    if tp > 1:
-        check_head_split(getattr(hf_model, "config", None), architecture, tp)
+    config = getattr(hf_model, "config", None)
+    replicate_kv = tp > 1 and check_head_split(config, architecture, tp)
     conv1d = _conv1d_type()
     kinds = (nn.Linear,) if conv1d is None else (nn.Linear, conv1d)
     get_head = getattr(hf_model, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
     base_prefix = str(getattr(hf_model, "base_model_prefix", "") or "")
     swapped_conv1d: set[str] = set()
+    replicated = 0
     for name, module in list(hf_model.named_modules()):
         if not isinstance(module, kinds) or module is head:
             continue
@@ -125,8 +161,39 @@ def swap_linears(hf_model: nn.Module, *, architecture: str, plan: Mapping[str, s
                 f"fallback shards only {', '.join(SUPPORTED_STYLES)}"
             )
         assert isinstance(module, nn.Module)
-        layer = _layer(style, _sizes(module), dtype, quant_config, name)
+        if replicate_kv and name.rsplit(".", 1)[-1] in _KV_PROJECTIONS:
+            layer = _replicated_kv_layer(style, _sizes(module), dtype, quant_config, name, config, architecture)
+            replicated += 1
+        else:
+            layer = _layer(style, _sizes(module), dtype, quant_config, name)
         hf_model.set_submodule(name, layer)
         if conv1d is not None and isinstance(module, conv1d):
             swapped_conv1d.add(name)
+    if replicate_kv and not replicated:
+        raise UnsupportedError(
+            f"{architecture}: num_key_value_heads={getattr(config, 'num_key_value_heads', None)} is fewer than "
+            f"tensor parallel size "
+            f"{tp}, and its key/value projections are not separate k_proj/v_proj modules (a fused qkv cannot "
+            "replicate its heads); load it with a tp that divides num_key_value_heads"
+        )
+    if replicate_kv:  # each rank's query heads now share its one key/value head
+        heads_per_rank = int(getattr(config, "num_attention_heads", 0)) // tp
+        for module in hf_model.modules():
+            if hasattr(module, "num_key_value_groups"):
+                vars(module)["num_key_value_groups"] = heads_per_rank
     return swapped_conv1d
+
+
+def _replicated_kv_layer(style: str | None, sizes: tuple[int, int, bool], dtype: torch.dtype,
+                         quant_config: QuantizationConfig | None, prefix: str, config: Any,
+                         architecture: str) -> LinearBase:
+    """The layer for a k/v projection whose heads are fewer than the ranks (its plan style must be ``colwise``)."""
+    if style != "colwise":
+        raise UnsupportedError(
+            f"{architecture}: {prefix} has {getattr(config, 'num_key_value_heads', '?')} key/value heads, fewer than "
+            f"the {current_session().tp_size} ranks, and its plan style {style!r} is not colwise; only a colwise "
+            "projection can replicate its heads"
+        )
+    in_features, out_features, bias = sizes
+    return ReplicatedHeadsLinear(in_features, out_features, num_heads=int(config.num_key_value_heads),
+                                 bias=bias, params_dtype=dtype, quant_config=quant_config, prefix=prefix)
