@@ -157,3 +157,85 @@ def test_bad_input_is_the_same_named_error_with_the_packed_path(tmp_path):
     path.write_bytes(data[: len(data) - 1000])
     with pytest.raises(CheckpointFormatError, match=r"model\.gguf: tensor '.+' data runs past the end of the file"):
         loader.load_model(str(path), quantization="gguf")
+
+
+def _kernel_weight(fields, dtype: torch.dtype) -> torch.Tensor:
+    """The float32 ``[N, K]`` weight torch's kernel computes from ``fields`` with scales in ``dtype``."""
+    from loader.layers import pack_int4
+
+    weight = pack_int4(fields.codes, fields.scales, fields.biases, 32, dtype)
+    assert weight.packed, weight.reason
+    return weight.matmul(torch.eye(weight.in_features, dtype=dtype)).t().float()
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q4_K], ids=lambda q: q.name)
+def test_every_packed_type_through_the_kernel_equals_gguf_py_with_float32_scales(tmp_path, qtype):
+    """The decomposition is exact: the kernel with float32 scales gives gguf-py's values bit for bit.
+
+    Wherever the kernel's zero ``z = bias + 8 s`` is exact in float32 — every group of Q4_0/Q4_1, and
+    Q4_K's unless ``dmin m`` and ``8 d sc`` are many binades apart (0.3 % of these random groups) — and
+    within that one rounding of ``z`` elsewhere.
+    """
+    from tests.helpers.gguf_files import random_blocks
+
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    rows, cols = 64, 512
+    if qtype == Q.Q4_K:  # gguf-py has no K-quant quantizer: random but valid super-blocks
+        raw = random_blocks(qtype, rows * cols // block, seed=3).reshape(rows, cols // block * size)
+    else:
+        values = np.random.default_rng(3).normal(0.0, 0.05, (rows, cols)).astype(np.float32)
+        raw = gguf.quants.quantize(values, qtype)
+    expected = torch.from_numpy(gguf.quants.dequantize(raw, qtype))
+    fields = decode_q4(torch.from_numpy(raw), int(qtype))
+    zero = fields.biases + 8 * fields.scales
+    exact = (zero.double() == fields.biases.double() + 8 * fields.scales.double()).t().repeat_interleave(32, 1)
+    assert bool(exact.all()) or qtype == Q.Q4_K
+    assert exact.float().mean() > 0.99
+    got = _kernel_weight(fields, torch.float32)
+    assert torch.equal(got[exact], expected[exact])
+    ulp = torch.finfo(torch.float32).eps * zero.abs().t().repeat_interleave(32, 1)
+    assert bool(((got - expected).abs() <= ulp + torch.finfo(torch.float32).eps * expected.abs()).all())
+    rounded = _kernel_weight(fields, torch.bfloat16)  # what runs: scales and zeros rounded to bfloat16
+    s = fields.scales.t().repeat_interleave(32, 1)
+    z = (fields.biases + 8 * fields.scales).t().repeat_interleave(32, 1)
+    manual = ((fields.codes.float() - 8) * s.bfloat16().float() + z.bfloat16().float()).bfloat16().float()
+    assert torch.equal(rounded, manual)
+    assert bool(((rounded - expected).abs() <= 2**-7 * (8 * s.abs() + z.abs()) + expected.abs() * 2**-8).all())
+
+
+def test_q4_k_layers_stay_packed_and_agree_with_the_dequantized_model(tiny_gguf):
+    path, model = tiny_gguf("llama", Q.Q4_K, rope_scaling=None, hidden_size=256, intermediate_size=512)
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    packed, report = loader.load_model_with_report(str(path))
+    assert report.dtype == "float32"
+    assert report.quantization["kernels"] == {"int4": 8}
+    assert set(report.quantization["layers"]["model.layers.0.mlp.down_proj"]) >= {"kernel", "reason",
+                                                                                 "packed_bytes"}
+    with torch.no_grad():
+        got, expected = packed(ids), loader.load_model(str(path), dtype="float32")(ids)
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.98
+    assert relative_error(got, expected) <= 3e-2
+
+
+@pytest.mark.parametrize(("kwargs", "packed", "dtype"), [
+    ({}, True, "float32"),
+    ({"dtype": "auto"}, True, "float32"),
+    ({"dtype": "bfloat16"}, True, "bfloat16"),
+    ({"dtype": "float32"}, False, "float32"),
+    ({"format_options": {"dequantize": "true"}}, False, "float32"),
+    ({"dtype": "bfloat16", "format_options": {"dequantize": True}}, False, "bfloat16"),
+], ids=["default", "auto", "bfloat16", "float32", "dequantize-option", "bfloat16-dequantize"])
+def test_the_default_keeps_gguf_packed_and_float32_or_the_option_dequantizes(tiny_gguf, kwargs, packed, dtype):
+    path, _ = tiny_gguf("llama", Q.Q4_1, rope_scaling=None)
+    model, report = loader.load_model_with_report(str(path), **kwargs)
+    assert report.dtype == dtype
+    assert (report.quantization is not None) == packed
+    if packed:
+        assert report.quantization["kernels"] == {"int4": 8}
+    assert model.model.norm.weight.dtype == getattr(torch, dtype)
+
+
+def test_a_dequantize_option_that_is_not_yes_or_no_is_refused_by_name(tiny_gguf):
+    path, _ = tiny_gguf("llama", Q.Q4_1, rope_scaling=None)
+    with pytest.raises(UnsupportedError, match=r"format option dequantize='maybe' is not a yes/no value"):
+        loader.load_model(str(path), format_options={"dequantize": "maybe"})

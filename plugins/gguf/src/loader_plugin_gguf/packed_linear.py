@@ -1,8 +1,10 @@
-"""``quantization="gguf"``: GGUF Q4_0 / Q4_1 weights stay packed on the CPU (torch's int4 kernel).
+"""GGUF Q4_0 / Q4_1 / Q4_K weights stay packed on the CPU (torch's int4 kernel).
 
-Without it a GGUF file is dequantized to the load dtype at load time (SmolLM2
-Q4_1: 97 MB of blocks become 538 MB of float32, and writing that fresh memory
-is most of the load). With it, each parallel linear layer keeps its blocks:
+Chosen by default for a GGUF load on the CPU (see :func:`packing_requested`),
+or always with ``quantization="gguf"``. Dequantized instead, a GGUF file
+becomes floats at load time (SmolLM2 Q4_1: 97 MB of blocks become 538 MB of
+float32, and writing that fresh memory is most of the load). Packed, each
+parallel linear layer keeps its blocks:
 the layer's own ``weight_loader`` splits fused tensors (``qkv_proj``,
 ``gate_up_proj``) and narrows to this rank as for every method, and the part
 handed to :meth:`GGUFLinearMethod._record` is only remembered (nothing is
@@ -11,22 +13,27 @@ codes, scales and biases (:mod:`.q4_blocks`; llama.cpp's q/k rotary interleave
 is undone on the block rows) and packed by :func:`loader.layers.pack_int4`.
 
 A layer falls back to today's dequantized weight, with the reason recorded in
-the load report, when any of its parts is another block type (Q6_K, Q8_0,
-F16, ...), a TP split cuts a 32-value block, the kernel refuses the shape, or
+the load report, when any of its parts is another block type (Q5_x, Q6_K,
+Q8_0, F16, ...: torch's int8 weight-only kernel takes one scale per output
+row, which cannot express their per-16/32-value scales exactly), a TP split cuts a 32-value block, the kernel refuses the shape, or
 the target device is not the CPU — one layer at a time, so a Q4_K_M-style
 file mixing types keeps what it can packed.
 
 The kernel computes in bfloat16 (float16 when the load dtype is float16): in
-float32 it is about a hundred times slower. :meth:`GGUFLinearMethod.apply`
+float32 it is ten to a hundred times slower. :meth:`GGUFLinearMethod.apply`
 casts the activations to that dtype and the result back, so a float32 load
-keeps its residual stream, norms, attention and head in float32 — what keeps
-SmolLM2 answering correctly (bfloat16 throughout drifts, packed or not).
+(``dtype="auto"``, GGUF's default) keeps its residual stream, norms, attention
+and head in float32 — what keeps SmolLM2 answering correctly (bfloat16
+throughout drifts, packed or not).
 
 Exactness: the packed weight is ``(q - 8) * s + z`` with ``s = d`` and ``z =
 bias + 8 d`` rounded to the kernel dtype, computed from the file's own block
-fields. For Q4_0 (``z = 0``) that is gguf-py's dequantization with ``d``
-rounded to bfloat16; for both types each value is within ``2^-8 (8 |d| + |z|)``
-of gguf-py's dequantization as stored (``tests/plugins/gguf/test_packed.py``).
+fields (Q4_K: ``s = d sc``, ``z = -dmin m + 8 d sc``). With the scales kept
+in float32 the kernel's weight is bit-equal to gguf-py's dequantization for
+all three types; rounded to bfloat16 (what runs), it is ``(q - 8) bf16(s) +
+bf16(z)``, within ``2^-8 (8 |s| + |z|)`` of it, and for Q4_0 (``z = 0``)
+bit-equal to gguf-py's with ``d`` rounded to bfloat16
+(``tests/plugins/gguf/test_packed.py``).
 """
 
 from __future__ import annotations
@@ -57,12 +64,33 @@ from .tensors import GGUFTensor
 if TYPE_CHECKING:
     from torch import nn
 
+    from loader.checkpoint import LoadOptions
     from loader.layers import NarrowedPart, QuantizeMethodBase
 
-__all__ = ["METHOD_NAME", "GGUFLayerState", "GGUFLinearMethod", "GGUFQuantConfig", "LayerChoice"]
+__all__ = ["METHOD_NAME", "GGUFLayerState", "GGUFLinearMethod", "GGUFQuantConfig", "LayerChoice",
+           "packing_requested"]
 
 METHOD_NAME = "gguf"
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
+_YES, _NO = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def packing_requested(options: LoadOptions) -> bool:
+    """Whether a GGUF load that names no quantization keeps its blocks packed.
+
+    Yes on the CPU when the dtype is ``"auto"`` (GGUF's default: float32
+    activations, the linears through the bfloat16 kernel) or one the kernel
+    computes in (bfloat16, float16). No when float32 is asked for by name, on
+    another device, or with ``format_options={"dequantize": True}`` (CLI:
+    ``--format-option dequantize=true``): the weights are dequantized as before.
+    """
+    value = options.extra.get("format_options", {}).get("dequantize", False)
+    text = str(value).strip().lower()
+    if text not in _YES + _NO:
+        raise UnsupportedError(f"format option dequantize={value!r} is not a yes/no value; use true or false")
+    if text in _YES or options.device.type != "cpu":
+        return False
+    return bool(options.extra.get("dtype_auto")) or options.dtype in _KERNEL_DTYPES
 
 
 @attrs.frozen
