@@ -68,14 +68,14 @@ def loader_detect_quantization(hf_config: Mapping[str, Any], requested: str | No
 
     ``quantization="gguf"`` always does; with no quantization named, a GGUF load does when its dtype is
     ``auto`` (the default) or a dtype the kernel computes in, unless ``format_options`` has
-    ``dequantize`` (see :func:`~.packed_linear.packing_requested`).
+    ``dequantize`` (see :func:`~.packed_linear.packing_requested`); ``format_options`` ``kernel_dtype``
+    chooses the dtype the kernel computes in.
     """
-    if requested == "gguf":
-        from .packed_linear import GGUFQuantConfig
-
-        return GGUFQuantConfig()
-    if requested is not None or options.extra.get("weight_format") != FORMAT_NAME:
+    if requested not in ("gguf", None) or (requested is None and options.extra.get("weight_format") != FORMAT_NAME):
         return None
-    from .packed_linear import GGUFQuantConfig, packing_requested
+    from .packed_linear import GGUFQuantConfig, kernel_dtype_requested, packing_requested
 
-    return GGUFQuantConfig() if packing_requested(options) else None
+    kernel_dtype = kernel_dtype_requested(options)
+    if requested == "gguf" or packing_requested(options):
+        return GGUFQuantConfig(kernel_dtype=kernel_dtype)
+    return None
