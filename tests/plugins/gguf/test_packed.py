@@ -239,3 +239,41 @@ def test_a_dequantize_option_that_is_not_yes_or_no_is_refused_by_name(tiny_gguf)
     path, _ = tiny_gguf("llama", Q.Q4_1, rope_scaling=None)
     with pytest.raises(UnsupportedError, match=r"format option dequantize='maybe' is not a yes/no value"):
         loader.load_model(str(path), format_options={"dequantize": "maybe"})
+
+
+def _retype(path, name: str, new_type: Q) -> None:
+    """Rewrite the ggml type id of tensor ``name`` in the header (the data stays as written)."""
+    import struct
+
+    data = bytearray(path.read_bytes())
+    at = data.index(name.encode()) + len(name)
+    n_dims = struct.unpack_from("<I", data, at)[0]
+    struct.pack_into("<I", data, at + 4 + 8 * n_dims, int(new_type))
+    path.write_bytes(bytes(data))
+
+
+def test_a_declared_block_type_whose_data_size_disagrees_is_a_named_error_on_the_default_load(tmp_path):
+    from loader.errors import CheckpointFormatError
+    from tests.helpers.gguf_files import write_gguf
+    from tests.helpers.hf_checkpoints import build_model, tiny_config
+
+    path = write_gguf(tmp_path / "model.gguf", build_model("llama", tiny_config("llama", vocab_size=288,
+                                                                                  rope_scaling=None)),
+                      "llama", qtype=Q.Q4_1)
+    _retype(path, "blk.0.ffn_down.weight", Q.Q8_0)  # 34 bytes per 32 values where 20 were written
+    with pytest.raises(CheckpointFormatError, match=r"model\.gguf: tensor '.+' starts at data offset \d+, so it "
+                                                    r"overlaps tensor 'blk\.0\.ffn_down\.weight'"):
+        loader.load_model(str(path))
+
+
+def test_a_row_length_that_is_not_whole_blocks_is_a_named_error_on_the_default_load(tmp_path):
+    from loader.errors import CheckpointFormatError
+    from tests.helpers.gguf_files import write_gguf
+    from tests.helpers.hf_checkpoints import build_model, tiny_config
+
+    path = write_gguf(tmp_path / "model.gguf", build_model("llama", tiny_config("llama", vocab_size=288,
+                                                                                  rope_scaling=None)),
+                      "llama", qtype=Q.Q4_1)
+    _retype(path, "blk.0.ffn_down.weight", Q.Q4_K)  # rows of 128 values: not whole 256-value super-blocks
+    with pytest.raises(CheckpointFormatError, match=r"rows of 128 values, not a multiple of the Q4_K block size 256"):
+        loader.load_model(str(path))
