@@ -277,3 +277,17 @@ def test_a_row_length_that_is_not_whole_blocks_is_a_named_error_on_the_default_l
     _retype(path, "blk.0.ffn_down.weight", Q.Q4_K)  # rows of 128 values: not whole 256-value super-blocks
     with pytest.raises(CheckpointFormatError, match=r"rows of 128 values, not a multiple of the Q4_K block size 256"):
         loader.load_model(str(path))
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_tp_split_inside_a_q4_k_super_block_keeps_its_32_groups_packed(tiny_gguf, rank):
+    """hidden 256 at tp=2: o_proj's rank holds 128 columns, half of each 256-value super-block."""
+    path, _ = tiny_gguf("llama", Q.Q4_K, rope_scaling=None, hidden_size=256, intermediate_size=512)
+    whole = loader.load_model(str(path))
+    with simulated_tp(rank, 2):
+        shard, report = loader.load_model_with_report(str(path))
+    assert report.quantization["kernels"] == {"int4": 8}
+    for name in ("model.layers.0.self_attn.o_proj", "model.layers.1.mlp.down_proj"):
+        full = _packed(whole, name)
+        width = full.shape[1] // 2
+        assert torch.equal(_packed(shard, name), full[:, width * rank:width * (rank + 1)])

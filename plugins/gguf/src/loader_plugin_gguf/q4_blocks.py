@@ -104,8 +104,9 @@ def packing_reason(tensor: CheckpointTensor) -> str | None:
         return f"ggml type {window.stored_type} has no packed int4 kernel"
     if len(window.shape) != 2:
         return f"a {len(window.shape)}-d tensor is not a linear weight"
-    if not window.block_aligned:
-        return f"the tensor parallel split cuts a {block_shape(window.info.ggml_type)[0]}-value block"
+    start, cols = window.columns
+    if start % GROUP_SIZE or cols % GROUP_SIZE:
+        return f"the tensor parallel split cuts a {GROUP_SIZE}-value group"
     return None
 
 
@@ -122,8 +123,15 @@ def affine_rows(tensor: CheckpointTensor) -> AffineRows:
     if perm is not None and perm.numel():
         lo, hi = int(perm.min()), int(perm.max())
         window = window.narrow(0, lo, hi - lo + 1)
-    raw = window.blocks()
+    raw, skip = window.enclosing_blocks()
     if perm is not None and perm.numel():
         raw = raw.index_select(0, perm - int(perm.min()))
     window.stats.add(raw.numel(), tensors=1)
-    return decode_q4(raw, window.info.ggml_type)
+    decoded = decode_q4(raw, window.info.ggml_type)
+    cols = window.shape[-1]
+    if skip == 0 and decoded.codes.shape[1] == cols:
+        return decoded
+    # a TP split on a 32-group boundary inside a Q4_K super-block: keep this rank's groups
+    groups = slice(skip // GROUP_SIZE, (skip + cols) // GROUP_SIZE)
+    return AffineRows(decoded.codes[:, skip:skip + cols].contiguous(), decoded.scales[groups].contiguous(),
+                      decoded.biases[groups].contiguous(), decoded.ggml_type)
