@@ -232,6 +232,7 @@ def test_the_default_keeps_gguf_packed_and_float32_or_the_option_dequantizes(tin
     assert (report.quantization is not None) == packed
     if packed:
         assert report.quantization["kernels"] == {"int4": 8}
+        assert report.quantization["kernel_dtype"] == "bfloat16"
     assert model.model.norm.weight.dtype == getattr(torch, dtype)
 
 

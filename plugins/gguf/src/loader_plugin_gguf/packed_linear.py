@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     from loader.layers import NarrowedPart, QuantizeMethodBase
 
 __all__ = ["METHOD_NAME", "GGUFLayerState", "GGUFLinearMethod", "GGUFQuantConfig", "LayerChoice",
-           "packing_requested"]
+           "kernel_dtype_for", "kernel_dtype_requested", "packing_requested"]
 
 METHOD_NAME = "gguf"
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
@@ -97,6 +97,11 @@ def packing_requested(options: LoadOptions) -> bool:
     if text in _YES or options.device.type != "cpu":
         return False
     return bool(options.extra.get("dtype_auto")) or options.dtype in _KERNEL_DTYPES
+
+
+def kernel_dtype_for(load_dtype: torch.dtype) -> torch.dtype:
+    """The int4 kernel's default dtype for a load: the load's own when the kernel is fast in it, else bfloat16."""
+    return load_dtype if load_dtype in _KERNEL_DTYPES else torch.bfloat16
 
 
 def kernel_dtype_requested(options: LoadOptions) -> torch.dtype | None:
@@ -133,7 +138,7 @@ class GGUFQuantConfig(QuantizationConfig):
 
     name = METHOD_NAME
     kernel_dtype: torch.dtype | None = None
-    """The dtype the int4 kernel computes in; ``None``: bfloat16 (float16 for a float16 load)."""
+    """The dtype the int4 kernel computes in; ``None``: :func:`kernel_dtype_for` the layer's dtype."""
     layer_log: dict[str, LayerChoice] = attrs.field(factory=dict, eq=False)
 
     def describe(self) -> dict[str, Any]:
@@ -142,7 +147,7 @@ class GGUFQuantConfig(QuantizationConfig):
             counts[choice.kernel] = counts.get(choice.kernel, 0) + 1
         return {
             "method": self.name, "kernels": counts,
-            "kernel_dtype": str(self.kernel_dtype or "default").removeprefix("torch."),
+            "kernel_dtype": None if self.kernel_dtype is None else str(self.kernel_dtype).removeprefix("torch."),
             "packed_bytes": sum(choice.packed_bytes for choice in self.layer_log.values()),
             "layers": {prefix: attrs.asdict(choice) for prefix, choice in sorted(self.layer_log.items())},
         }
@@ -227,8 +232,7 @@ class GGUFLinearMethod(LinearMethodBase):
         reason = reason or int4_unsupported_reason(state.rows, state.cols, GROUP_SIZE)
         delattr(layer, "weight")
         if reason is None:
-            dtype = self.config.kernel_dtype or (
-                state.params_dtype if state.params_dtype in _KERNEL_DTYPES else torch.bfloat16)
+            dtype = self.config.kernel_dtype or kernel_dtype_for(state.params_dtype)
             packed = self._pack([affine_rows(part.narrowed) for part in parts], dtype)
             layer.register_buffer("packed_weight", packed.data)
             layer.register_buffer("packed_scales_and_zeros", packed.scales_and_zeros)

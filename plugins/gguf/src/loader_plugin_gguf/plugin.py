@@ -73,9 +73,9 @@ def loader_detect_quantization(hf_config: Mapping[str, Any], requested: str | No
     """
     if requested not in ("gguf", None) or (requested is None and options.extra.get("weight_format") != FORMAT_NAME):
         return None
-    from .packed_linear import GGUFQuantConfig, kernel_dtype_requested, packing_requested
+    from .packed_linear import GGUFQuantConfig, kernel_dtype_for, kernel_dtype_requested, packing_requested
 
-    kernel_dtype = kernel_dtype_requested(options)
+    kernel_dtype = kernel_dtype_requested(options) or kernel_dtype_for(options.dtype)
     if requested == "gguf" or packing_requested(options):
         return GGUFQuantConfig(kernel_dtype=kernel_dtype)
     return None
