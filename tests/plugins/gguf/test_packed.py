@@ -292,3 +292,14 @@ def test_a_tp_split_inside_a_q4_k_super_block_keeps_its_32_groups_packed(tiny_gg
         full = _packed(whole, name)
         width = full.shape[1] // 2
         assert torch.equal(_packed(shard, name), full[:, width * rank:width * (rank + 1)])
+
+
+def test_the_default_packed_load_through_the_transformers_fallback_equals_the_native_class(tiny_gguf):
+    pytest.importorskip("loader_plugin_transformers", reason="the fallback is another plugin")
+    path, model = tiny_gguf("llama", Q.Q4_1, rope_scaling=None)
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    forced, report = loader.load_model_with_report(str(path), model_impl="transformers")
+    assert report.model_impl == "transformers"
+    assert report.quantization["kernels"] == {"int4": 14}  # q, k, v, o, gate, up, down unfused, 2 layers
+    with torch.no_grad():
+        assert torch.equal(forced(ids), loader.load_model(str(path))(ids))
