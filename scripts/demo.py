@@ -21,7 +21,8 @@ def main() -> int:
     parser.add_argument("source", nargs="?", help="a checkpoint to use instead of SmolLM2")
     parser.add_argument("--prompt", default=QUESTION)
     parser.add_argument("--max-new-tokens", type=int, default=20)
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default=None,
+                        help="default: the format's (GGUF: auto = float32 activations, 4-bit weights kept packed)")
     args = parser.parse_args()
 
     import loader
@@ -42,6 +43,8 @@ def main() -> int:
     print(f"  seconds   {report.seconds:.3f}")
     print(f"  read      {format_bytes(report.bytes_read)}  ({report.gb_per_second:.2f} GB/s)")
     print(f"  params    {format_bytes(report.parameter_bytes)}")
+    if report.quantization is not None:
+        print(f"  packed    {report.quantization.get('kernels')}")
     print(f"  peak RSS  {format_bytes(report.peak_rss_bytes)}")
 
     bundle = tokenizer_for(source)

@@ -53,7 +53,11 @@ class LoadOptions:
     (evolved to the resolved dtype once ``"auto"`` is read from the config).
     ``load_format`` is ``"auto"``, ``"dummy"`` or a format plugin's name;
     ``quantization`` a quantization plugin's method name or ``None`` to use what
-    the checkpoint declares.
+    the checkpoint declares. ``extra`` carries, once the checkpoint is prepared,
+    ``"dtype_auto"`` (whether the dtype came from ``"auto"``) and
+    ``"weight_format"`` (the chosen format's name), so a quantization plugin can
+    choose a method from them; and the user's ``"quantization_options"`` and
+    ``"format_options"``.
     """
 
     dtype: torch.dtype

@@ -164,6 +164,8 @@ class WeightFormat:
     wrapping: the core's ``dummy`` and ``sharded_state``), ``post_processed``
     when they are already in their final layout (no post-processing runs).
     ``renaming`` is the format's renaming step (see :class:`WeightRenaming`), if any.
+    ``default_dtype`` is the dtype a load uses when the caller names none
+    (``"bfloat16"``; GGUF says ``"auto"``: its files carry their own float types).
     """
 
     name: str
@@ -172,6 +174,7 @@ class WeightFormat:
     parameter_names: bool = False
     post_processed: bool = False
     renaming: WeightRenaming | None = attrs.field(default=None, eq=False)
+    default_dtype: str = "bfloat16"
     extra: dict[str, Any] = attrs.field(factory=dict, eq=False, hash=False)
 
 

@@ -87,13 +87,16 @@ def _add_model_impl(p: argparse.ArgumentParser) -> None:
 def _add_load_args(p: argparse.ArgumentParser, source_text: str) -> None:
     _add_source(p, source_text)
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
-                   help="parameter dtype; auto (default) uses the checkpoint's torch_dtype, else bfloat16")
+                   help="parameter dtype; auto (default) uses the checkpoint's torch_dtype, else bfloat16 (GGUF: "
+                        "float32 activations with Q4_0/Q4_1/Q4_K weights kept packed on the CPU); float32 "
+                        "dequantizes every GGUF weight")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.add_argument("--quantization", "-q", default=None, metavar="METHOD",
                    help="quantization method to load with (default: what config.json declares); e.g. "
                         "bitsandbytes, or a quantization plugin's method")
     p.add_argument("--format-option", dest="format_options", action="append", default=[], metavar="KEY=VALUE",
-                   help="an option for the format plugin (repeatable), e.g. concurrency=16 for runai_streamer")
+                   help="an option for the format plugin (repeatable), e.g. concurrency=16 for runai_streamer; "
+                        "dequantize=true or kernel_dtype=float32 for gguf")
     _add_model_impl(p)
     _add_json(p)
 

@@ -119,6 +119,7 @@ def _peak_rss_bytes() -> int:
 
 
 def _resolve_dtype(value: Any, hf_config: Mapping[str, Any]) -> torch.dtype:
+    """The load's dtype: ``value`` parsed, or for ``"auto"`` the config's ``torch_dtype`` (else bfloat16)."""
     if isinstance(value, str) and value == "auto":
         declared = hf_config.get("torch_dtype", hf_config.get("dtype"))
         return parse_dtype(declared) if isinstance(declared, str) else torch.bfloat16
@@ -148,12 +149,12 @@ def _resolve_device(value: str | torch.device) -> torch.device:
 
 
 def build_options(
-    *, dtype: Any = "bfloat16", device: str | torch.device = "cpu", load_format: str = "auto",
+    *, dtype: Any = None, device: str | torch.device = "cpu", load_format: str = "auto",
     quantization: str | None = None, revision: str | None = None,
     quantization_options: Mapping[str, Any] | None = None, format_options: Mapping[str, Any] | None = None,
     model_impl: str = "auto",
 ) -> LoadOptions:
-    """Validate user arguments into :class:`LoadOptions` (dtype ``"auto"`` is resolved later)."""
+    """Validate user arguments into :class:`LoadOptions` (dtype ``"auto"`` and ``None`` are resolved later)."""
     model_impl = check_model_impl(model_impl)
     if not isinstance(load_format, str) or not load_format:
         raise UnsupportedError(f"load_format must be a format name or 'auto', found {load_format!r}")
@@ -163,7 +164,7 @@ def build_options(
         raise UnsupportedError(f"device {device!r} is not supported; use 'cpu' or 'cuda[:N]'") from exc
     _distributed.init_distributed(requested_device)
     resolved_device = _resolve_device(requested_device)
-    parsed = parse_dtype(dtype) if not (isinstance(dtype, str) and dtype == "auto") else torch.bfloat16
+    parsed = torch.bfloat16 if dtype is None or (isinstance(dtype, str) and dtype == "auto") else parse_dtype(dtype)
     extra: dict[str, Any] = {"dtype_auto": isinstance(dtype, str) and dtype == "auto"}
     if quantization_options:
         extra["quantization_options"] = dict(quantization_options)
@@ -244,7 +245,7 @@ def _load_weights(model: nn.Module, stream: Iterator[tuple[str, CheckpointTensor
 
 
 def load_model_with_report(
-    source: str, *, dtype: Any = "bfloat16", device: str | torch.device = "cpu", load_format: str = "auto",
+    source: str, *, dtype: Any = None, device: str | torch.device = "cpu", load_format: str = "auto",
     quantization: str | None = None, revision: str | None = None,
     quantization_options: Mapping[str, Any] | None = None, format_options: Mapping[str, Any] | None = None,
     progress: bool = False, host: PluginHost | None = None, model_impl: str = "auto",
@@ -265,8 +266,12 @@ def _load(source: str, options: LoadOptions, dtype_arg: Any, progress: bool, sta
           host: PluginHost | None) -> tuple[nn.Module, LoadReport]:
     try:
         prepared = prepare_checkpoint(source, options, host)
-        dtype = _resolve_dtype(dtype_arg, prepared.hf_config)
-        options = attrs.evolve(options, dtype=dtype)
+        # no dtype asked for: the format's default ("bfloat16"; GGUF says "auto", see WeightFormat)
+        requested = prepared.weight_format.default_dtype if dtype_arg is None else dtype_arg
+        dtype = _resolve_dtype(requested, prepared.hf_config)
+        extra = {**options.extra, "dtype_auto": isinstance(requested, str) and requested == "auto",
+                 "weight_format": prepared.weight_format.name}
+        options = attrs.evolve(options, dtype=dtype, extra=extra)
         with load_session(attrs.evolve(current_session(), dtype=dtype)):
             return _build_and_fill(prepared, options, progress, start, host)
     except BaseException as exc:
@@ -324,7 +329,7 @@ def _build_and_fill(prepared: PreparedCheckpoint, options: LoadOptions, progress
 
 
 def load_model(
-    source: str, dtype: Any = "bfloat16", device: str | torch.device = "cpu", load_format: str = "auto",
+    source: str, dtype: Any = None, device: str | torch.device = "cpu", load_format: str = "auto",
     quantization: str | None = None, *, revision: str | None = None,
     quantization_options: Mapping[str, Any] | None = None, format_options: Mapping[str, Any] | None = None,
     progress: bool = False, host: PluginHost | None = None, model_impl: str = "auto",
@@ -333,8 +338,10 @@ def load_model(
 
     :param source: a local folder or file, a Hub id (``org/name``), a URI a
         plugin handles (``s3://...``), or a ``.gguf`` file.
-    :param dtype: ``"bfloat16"`` (default), ``"float16"``, ``"float32"``, or
-        ``"auto"`` for the checkpoint's declared dtype.
+    :param dtype: ``"bfloat16"``, ``"float16"``, ``"float32"``, or ``"auto"``
+        for the checkpoint's declared dtype. ``None`` (default) is the weight
+        format's default: ``"bfloat16"``, except GGUF, whose default is
+        ``"auto"`` (float32 activations, blocks kept packed where a kernel exists).
     :param device: ``"cpu"`` or ``"cuda[:N]"``; under ``torchrun`` each rank
         gets its own shard (and its own GPU).
     :param load_format: ``"auto"``, ``"dummy"`` (random weights, for benchmarks)

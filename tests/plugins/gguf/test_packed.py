@@ -157,3 +157,149 @@ def test_bad_input_is_the_same_named_error_with_the_packed_path(tmp_path):
     path.write_bytes(data[: len(data) - 1000])
     with pytest.raises(CheckpointFormatError, match=r"model\.gguf: tensor '.+' data runs past the end of the file"):
         loader.load_model(str(path), quantization="gguf")
+
+
+def _kernel_weight(fields, dtype: torch.dtype) -> torch.Tensor:
+    """The float32 ``[N, K]`` weight torch's kernel computes from ``fields`` with scales in ``dtype``."""
+    from loader.layers import pack_int4
+
+    weight = pack_int4(fields.codes, fields.scales, fields.biases, 32, dtype)
+    assert weight.packed, weight.reason
+    return weight.matmul(torch.eye(weight.in_features, dtype=dtype)).t().float()
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q4_K], ids=lambda q: q.name)
+def test_every_packed_type_through_the_kernel_equals_gguf_py_with_float32_scales(tmp_path, qtype):
+    """The decomposition is exact: the kernel with float32 scales gives gguf-py's values bit for bit.
+
+    Wherever the kernel's zero ``z = bias + 8 s`` is exact in float32 — every group of Q4_0/Q4_1, and
+    Q4_K's unless ``dmin m`` and ``8 d sc`` are many binades apart (0.3 % of these random groups) — and
+    within that one rounding of ``z`` elsewhere.
+    """
+    from tests.helpers.gguf_files import random_blocks
+
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    rows, cols = 64, 512
+    if qtype == Q.Q4_K:  # gguf-py has no K-quant quantizer: random but valid super-blocks
+        raw = random_blocks(qtype, rows * cols // block, seed=3).reshape(rows, cols // block * size)
+    else:
+        values = np.random.default_rng(3).normal(0.0, 0.05, (rows, cols)).astype(np.float32)
+        raw = gguf.quants.quantize(values, qtype)
+    expected = torch.from_numpy(gguf.quants.dequantize(raw, qtype))
+    fields = decode_q4(torch.from_numpy(raw), int(qtype))
+    zero = fields.biases + 8 * fields.scales
+    exact = (zero.double() == fields.biases.double() + 8 * fields.scales.double()).t().repeat_interleave(32, 1)
+    assert bool(exact.all()) or qtype == Q.Q4_K
+    assert exact.float().mean() > 0.99
+    got = _kernel_weight(fields, torch.float32)
+    assert torch.equal(got[exact], expected[exact])
+    ulp = torch.finfo(torch.float32).eps * zero.abs().t().repeat_interleave(32, 1)
+    assert bool(((got - expected).abs() <= ulp + torch.finfo(torch.float32).eps * expected.abs()).all())
+    rounded = _kernel_weight(fields, torch.bfloat16)  # what runs: scales and zeros rounded to bfloat16
+    s = fields.scales.t().repeat_interleave(32, 1)
+    z = (fields.biases + 8 * fields.scales).t().repeat_interleave(32, 1)
+    manual = ((fields.codes.float() - 8) * s.bfloat16().float() + z.bfloat16().float()).bfloat16().float()
+    assert torch.equal(rounded, manual)
+    assert bool(((rounded - expected).abs() <= 2**-7 * (8 * s.abs() + z.abs()) + expected.abs() * 2**-8).all())
+
+
+def test_q4_k_layers_stay_packed_and_agree_with_the_dequantized_model(tiny_gguf):
+    path, model = tiny_gguf("llama", Q.Q4_K, rope_scaling=None, hidden_size=256, intermediate_size=512)
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    packed, report = loader.load_model_with_report(str(path))
+    assert report.dtype == "float32"
+    assert report.quantization["kernels"] == {"int4": 8}
+    assert set(report.quantization["layers"]["model.layers.0.mlp.down_proj"]) >= {"kernel", "reason",
+                                                                                 "packed_bytes"}
+    with torch.no_grad():
+        got, expected = packed(ids), loader.load_model(str(path), dtype="float32")(ids)
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.98
+    assert relative_error(got, expected) <= 3e-2
+
+
+@pytest.mark.parametrize(("kwargs", "packed", "dtype"), [
+    ({}, True, "float32"),
+    ({"dtype": "auto"}, True, "float32"),
+    ({"dtype": "bfloat16"}, True, "bfloat16"),
+    ({"dtype": "float32"}, False, "float32"),
+    ({"format_options": {"dequantize": "true"}}, False, "float32"),
+    ({"dtype": "bfloat16", "format_options": {"dequantize": True}}, False, "bfloat16"),
+], ids=["default", "auto", "bfloat16", "float32", "dequantize-option", "bfloat16-dequantize"])
+def test_the_default_keeps_gguf_packed_and_float32_or_the_option_dequantizes(tiny_gguf, kwargs, packed, dtype):
+    path, _ = tiny_gguf("llama", Q.Q4_1, rope_scaling=None)
+    model, report = loader.load_model_with_report(str(path), **kwargs)
+    assert report.dtype == dtype
+    assert (report.quantization is not None) == packed
+    if packed:
+        assert report.quantization["kernels"] == {"int4": 8}
+        assert report.quantization["kernel_dtype"] == "bfloat16"
+    assert model.model.norm.weight.dtype == getattr(torch, dtype)
+
+
+def test_a_dequantize_option_that_is_not_yes_or_no_is_refused_by_name(tiny_gguf):
+    path, _ = tiny_gguf("llama", Q.Q4_1, rope_scaling=None)
+    with pytest.raises(UnsupportedError, match=r"format option dequantize='maybe' is not a yes/no value"):
+        loader.load_model(str(path), format_options={"dequantize": "maybe"})
+
+
+def _retype(path, name: str, new_type: Q) -> None:
+    """Rewrite the ggml type id of tensor ``name`` in the header (the data stays as written)."""
+    import struct
+
+    data = bytearray(path.read_bytes())
+    at = data.index(name.encode()) + len(name)
+    n_dims = struct.unpack_from("<I", data, at)[0]
+    struct.pack_into("<I", data, at + 4 + 8 * n_dims, int(new_type))
+    path.write_bytes(bytes(data))
+
+
+def test_a_declared_block_type_whose_data_size_disagrees_is_a_named_error_on_the_default_load(tmp_path):
+    from loader.errors import CheckpointFormatError
+    from tests.helpers.gguf_files import write_gguf
+    from tests.helpers.hf_checkpoints import build_model, tiny_config
+
+    path = write_gguf(tmp_path / "model.gguf", build_model("llama", tiny_config("llama", vocab_size=288,
+                                                                                  rope_scaling=None)),
+                      "llama", qtype=Q.Q4_1)
+    _retype(path, "blk.0.ffn_down.weight", Q.Q8_0)  # 34 bytes per 32 values where 20 were written
+    with pytest.raises(CheckpointFormatError, match=r"model\.gguf: tensor '.+' starts at data offset \d+, so it "
+                                                    r"overlaps tensor 'blk\.0\.ffn_down\.weight'"):
+        loader.load_model(str(path))
+
+
+def test_a_row_length_that_is_not_whole_blocks_is_a_named_error_on_the_default_load(tmp_path):
+    from loader.errors import CheckpointFormatError
+    from tests.helpers.gguf_files import write_gguf
+    from tests.helpers.hf_checkpoints import build_model, tiny_config
+
+    path = write_gguf(tmp_path / "model.gguf", build_model("llama", tiny_config("llama", vocab_size=288,
+                                                                                  rope_scaling=None)),
+                      "llama", qtype=Q.Q4_1)
+    _retype(path, "blk.0.ffn_down.weight", Q.Q4_K)  # rows of 128 values: not whole 256-value super-blocks
+    with pytest.raises(CheckpointFormatError, match=r"rows of 128 values, not a multiple of the Q4_K block size 256"):
+        loader.load_model(str(path))
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_tp_split_inside_a_q4_k_super_block_keeps_its_32_groups_packed(tiny_gguf, rank):
+    """hidden 256 at tp=2: o_proj's rank holds 128 columns, half of each 256-value super-block."""
+    path, _ = tiny_gguf("llama", Q.Q4_K, rope_scaling=None, hidden_size=256, intermediate_size=512)
+    whole = loader.load_model(str(path))
+    with simulated_tp(rank, 2):
+        shard, report = loader.load_model_with_report(str(path))
+    assert report.quantization["kernels"] == {"int4": 8}
+    for name in ("model.layers.0.self_attn.o_proj", "model.layers.1.mlp.down_proj"):
+        full = _packed(whole, name)
+        width = full.shape[1] // 2
+        assert torch.equal(_packed(shard, name), full[:, width * rank:width * (rank + 1)])
+
+
+def test_the_default_packed_load_through_the_transformers_fallback_equals_the_native_class(tiny_gguf):
+    pytest.importorskip("loader_plugin_transformers", reason="the fallback is another plugin")
+    path, model = tiny_gguf("llama", Q.Q4_1, rope_scaling=None)
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    forced, report = loader.load_model_with_report(str(path), model_impl="transformers")
+    assert report.model_impl == "transformers"
+    assert report.quantization["kernels"] == {"int4": 14}  # q, k, v, o, gate, up, down unfused, 2 layers
+    with torch.no_grad():
+        assert torch.equal(forced(ids), loader.load_model(str(path))(ids))

@@ -62,19 +62,34 @@ def test_two_ranks_give_single_process_logits_reading_about_half(tp_run, case):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_ranks_packed_give_the_single_process_packed_logits(tp_run, case):
-    """``quantization="gguf"`` at tp=2 against tp=1: exact where layers fall back, bfloat16-close where packed.
+    """The default (packed) load at tp=2 against tp=1: exact where layers fall back, bfloat16-close where packed.
 
     A packed row-parallel layer (o_proj, down_proj) adds two bfloat16 kernel outputs where tp=1 rounds one
-    sum, so the packed Q4_0 model differs by that rounding (measured 2.4e-3), not by 1e-5 as issue 17 asks:
-    that would need the int4 kernel to return float32, which torch's CPU kernel does not.
+    sum, so the packed Q4_0 model differs by that rounding (measured 2.4e-3) even with float32 activations
+    (GGUF's default); the float32 kernel below meets 1e-5.
     """
     files, ranks = tp_run
     path = files[case]
     ids = torch.arange(24).view(2, 12) % 200
-    packed, report = loader.load_model_with_report(str(path), dtype="float32", quantization="gguf")
+    packed, report = loader.load_model_with_report(str(path))
     with torch.no_grad():
         expected = packed(ids)
     tolerance = 1e-2 if report.quantization["kernels"].get("int4") else 1e-5
     got = [torch.load(rank[str(path)]["packed_logits"]) for rank in ranks]
     assert torch.equal(got[0], got[1])
     assert relative_error(got[0], expected) <= tolerance
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_ranks_packed_with_the_float32_kernel_match_tp1_within_1e_5(tp_run, case):
+    """``format_options={"kernel_dtype": "float32"}``: float32 partial sums, so tp=2 adds up as tp=1 does."""
+    files, ranks = tp_run
+    path = files[case]
+    ids = torch.arange(24).view(2, 12) % 200
+    packed, report = loader.load_model_with_report(str(path), format_options={"kernel_dtype": "float32"})
+    assert report.quantization["kernel_dtype"] == "float32"
+    with torch.no_grad():
+        expected = packed(ids)
+    got = [torch.load(rank[str(path)]["exact_packed_logits"]) for rank in ranks]
+    assert torch.equal(got[0], got[1])
+    assert relative_error(got[0], expected) <= 1e-5

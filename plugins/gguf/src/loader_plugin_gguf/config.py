@@ -10,6 +10,9 @@ when it loads the same file, so logits agree:
   float32 value (``1e-5`` arrives as ``9.99999974e-06``), as ``transformers`` reads them;
 * ``vocab_size`` is absent from Qwen2 files: the token list's length is used;
 * ``tie_word_embeddings`` is true when the file has no ``output.weight``;
+* ``torch_dtype`` is ``float32``, so ``dtype="auto"`` (the default for GGUF) computes in float32 as
+  llama.cpp does: a GGUF file's unquantized tensors (norms, biases) are F32, and bfloat16 activations
+  throughout make SmolLM2 drift (see :mod:`.packed_linear`); the quantized weights stay packed;
 * Llama 3 rope scaling is recovered from the ``rope_freqs`` tensor (see :mod:`.rope_freqs`),
   where ``transformers`` drops it; linear and YaRN scaling come from ``rope.scaling.*``.
 """
@@ -158,6 +161,7 @@ def hf_config(header: GGUFHeader) -> dict[str, Any]:
         "rope_theta": theta,
         "rope_scaling": _rope_scaling(header, meta, theta, head_dim),
         "tie_word_embeddings": "output.weight" not in names,
+        "torch_dtype": "float32",
     }
     context = meta.raw("context_length")
     if context is not None:

@@ -73,4 +73,5 @@ def detect_gguf(source: Source, requested: str) -> WeightFormat | None:
         return None
     for file in files:
         sniff(file)
-    return WeightFormat(name=FORMAT_NAME, files=tuple(str(f) for f in files))
+    # "auto" by default: float32 activations (the file's own float tensors are F32) with blocks kept packed
+    return WeightFormat(name=FORMAT_NAME, files=tuple(str(f) for f in files), default_dtype="auto")

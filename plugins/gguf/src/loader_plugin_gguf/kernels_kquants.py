@@ -13,7 +13,8 @@ import torch
 
 from .kernels_legacy import half_at, shifts
 
-__all__ = ["dequant_q2_k", "dequant_q3_k", "dequant_q4_k", "dequant_q5_k", "dequant_q6_k", "QK_K"]
+__all__ = ["QK_K", "dequant_q2_k", "dequant_q3_k", "dequant_q4_k", "dequant_q5_k", "dequant_q6_k", "scale_min_k4",
+           "split_nibbles"]
 
 QK_K = 256
 
@@ -23,7 +24,7 @@ def _crumbs(packed: torch.Tensor, groups: int, width: int) -> torch.Tensor:
     return (packed.reshape(-1, groups, 1, width) >> shifts((0, 2, 4, 6), (1, 1, 4, 1), packed.device)) & 3
 
 
-def _nibbles(packed: torch.Tensor, groups: int, width: int) -> torch.Tensor:
+def split_nibbles(packed: torch.Tensor, groups: int, width: int) -> torch.Tensor:
     """4-bit fields: ``[n, groups * width]`` bytes -> ``[n, groups, 2, width]`` (low nibble, then high)."""
     return (packed.reshape(-1, groups, 1, width) >> shifts((0, 4), (1, 1, 2, 1), packed.device)) & 0x0F
 
@@ -33,7 +34,7 @@ def _bits(packed: torch.Tensor, width: int) -> torch.Tensor:
     return (packed.reshape(-1, 1, 1, width) >> shifts(tuple(range(8)), (1, 1, 8, 1), packed.device)) & 1
 
 
-def _scale_min_k4(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def scale_min_k4(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Q4_K/Q5_K's 12 bytes of eight 6-bit scales and eight 6-bit mins -> two ``[n, 8]`` uint8."""
     s = scales.reshape(-1, 3, 4)
     d, m, md = s[:, 0], s[:, 1], s[:, 2]
@@ -60,7 +61,7 @@ def dequant_q3_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
     """
     n = blocks.shape[0]
     scales = blocks[:, 96:108]
-    low = _nibbles(scales[:, 0:8], 1, 8).reshape(n, 16)
+    low = split_nibbles(scales[:, 0:8], 1, 8).reshape(n, 16)
     high = _crumbs(scales[:, 8:12], 1, 4).reshape(n, 16)
     sc = ((low | (high << 4)).view(torch.int8) - 32).to(torch.float32)
     dl = (half_at(blocks, 108) * sc).reshape(n, 16, 1)
@@ -74,21 +75,21 @@ def dequant_q3_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
 def dequant_q4_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
     """``d, dmin, scales[12], qs[128]``: 8 groups of 32, value = d*sc * q - dmin*m."""
     n = blocks.shape[0]
-    sc, mn = _scale_min_k4(blocks[:, 4:16])
+    sc, mn = scale_min_k4(blocks[:, 4:16])
     dl = (half_at(blocks, 0) * sc.to(torch.float32)).reshape(n, 8, 1)
     ml = (half_at(blocks, 2) * mn.to(torch.float32)).reshape(n, 8, 1)
     view = out.view(n, 8, 32)
-    view.copy_(_nibbles(blocks[:, 16:144], 4, 32).reshape(n, 8, 32))
+    view.copy_(split_nibbles(blocks[:, 16:144], 4, 32).reshape(n, 8, 32))
     view.mul_(dl).sub_(ml)
 
 
 def dequant_q5_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
     """``d, dmin, scales[12], qh[32], qs[128]``: Q4_K plus a fifth bit per value from ``qh``."""
     n = blocks.shape[0]
-    sc, mn = _scale_min_k4(blocks[:, 4:16])
+    sc, mn = scale_min_k4(blocks[:, 4:16])
     dl = (half_at(blocks, 0) * sc.to(torch.float32)).reshape(n, 8, 1)
     ml = (half_at(blocks, 2) * mn.to(torch.float32)).reshape(n, 8, 1)
-    ql = _nibbles(blocks[:, 48:176], 4, 32).reshape(n, 8, 32)
+    ql = split_nibbles(blocks[:, 48:176], 4, 32).reshape(n, 8, 32)
     qh = _bits(blocks[:, 16:48], 32).reshape(n, 8, 32)
     view = out.view(n, 8, 32)
     view.copy_(ql | (qh << 4))
@@ -100,7 +101,7 @@ def dequant_q6_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
     n = blocks.shape[0]
     scales = blocks[:, 192:208].view(torch.int8).to(torch.float32)
     dl = (half_at(blocks, 208) * scales).reshape(n, 16, 1)
-    ql = _nibbles(blocks[:, 0:128], 2, 64).reshape(n, 8, 32)
+    ql = split_nibbles(blocks[:, 0:128], 2, 64).reshape(n, 8, 32)
     qh = _crumbs(blocks[:, 128:192], 2, 32).reshape(n, 8, 32)
     view = out.view(n, 16, 16)
     view.copy_(((ql | (qh << 4)).view(torch.int8) - 32).reshape(n, 16, 16))

@@ -1,32 +1,41 @@
-"""``quantization="gguf"``: GGUF Q4_0 / Q4_1 weights stay packed on the CPU (torch's int4 kernel).
+"""GGUF Q4_0 / Q4_1 / Q4_K weights stay packed on the CPU (torch's int4 kernel).
 
-Without it a GGUF file is dequantized to the load dtype at load time (SmolLM2
-Q4_1: 97 MB of blocks become 538 MB of float32, and writing that fresh memory
-is most of the load). With it, each parallel linear layer keeps its blocks:
-the layer's own ``weight_loader`` splits fused tensors (``qkv_proj``,
-``gate_up_proj``) and narrows to this rank as for every method, and the part
-handed to :meth:`GGUFLinearMethod._record` is only remembered (nothing is
-read). After loading, every part of the layer is decoded from its blocks into
-codes, scales and biases (:mod:`.q4_blocks`; llama.cpp's q/k rotary interleave
-is undone on the block rows) and packed by :func:`loader.layers.pack_int4`.
+Chosen by default for a GGUF load on the CPU (see :func:`packing_requested`),
+or always with ``quantization="gguf"``. Dequantized instead, a GGUF file
+becomes floats at load time (SmolLM2 Q4_1: 97 MB of blocks become 538 MB of
+float32, and writing that fresh memory is most of the load). Packed, each
+parallel linear layer keeps its blocks: the layer's own ``weight_loader``
+splits fused tensors (``qkv_proj``, ``gate_up_proj``) and narrows to this rank
+as for every method, and the part handed to :meth:`GGUFLinearMethod._record`
+is only remembered (nothing is read). After loading, every part of the layer
+is decoded from its blocks into codes, scales and biases (:mod:`.q4_blocks`;
+llama.cpp's q/k rotary interleave is undone on the block rows) and packed by
+:func:`loader.layers.pack_int4`.
 
 A layer falls back to today's dequantized weight, with the reason recorded in
-the load report, when any of its parts is another block type (Q6_K, Q8_0,
-F16, ...), a TP split cuts a 32-value block, the kernel refuses the shape, or
-the target device is not the CPU — one layer at a time, so a Q4_K_M-style
-file mixing types keeps what it can packed.
+the load report, when any of its parts is another block type (Q5_x, Q6_K,
+Q8_0, F16, ...: torch's int8 weight-only kernel ``_weight_int8pack_mm`` takes
+one scale per output row, which cannot express their per-16/32-value scales
+exactly), a TP split cuts a block, the kernel refuses the shape, or the target
+device is not the CPU — one layer at a time, so a Q4_K_M-style file mixing
+types keeps what it can packed.
 
 The kernel computes in bfloat16 (float16 when the load dtype is float16): in
-float32 it is about a hundred times slower. :meth:`GGUFLinearMethod.apply`
-casts the activations to that dtype and the result back, so a float32 load
-keeps its residual stream, norms, attention and head in float32 — what keeps
-SmolLM2 answering correctly (bfloat16 throughout drifts, packed or not).
+float32 it is ten to a hundred times slower (``format_options={"kernel_dtype":
+"float32"}`` asks for it). :meth:`GGUFLinearMethod.apply` casts the
+activations to the kernel's dtype and the result back, so a float32 load
+(``dtype="auto"``, GGUF's default) keeps its residual stream, norms, attention
+and head in float32.
 
-Exactness: the packed weight is ``(q - 8) * s + z`` with ``s = d`` and ``z =
-bias + 8 d`` rounded to the kernel dtype, computed from the file's own block
-fields. For Q4_0 (``z = 0``) that is gguf-py's dequantization with ``d``
-rounded to bfloat16; for both types each value is within ``2^-8 (8 |d| + |z|)``
-of gguf-py's dequantization as stored (``tests/plugins/gguf/test_packed.py``).
+Exactness: the packed weight is ``(q - 8) * s + z`` in the kernel dtype, from
+the file's own block fields: ``s = d``, ``z = bias + 8 d`` (Q4_K: ``s = d sc``,
+``z = -dmin m + 8 d sc``), computed in float32. With float32 scales the
+kernel's weight is bit-equal to gguf-py's dequantization wherever ``z`` is
+exact in float32 — every Q4_0/Q4_1 group of real files, and Q4_K's unless
+``dmin m`` and ``8 d sc`` lie many binades apart — and within that one
+rounding elsewhere. With bfloat16 scales (what runs by default) it is ``(q -
+8) bf16(s) + bf16(z)``; for Q4_0 (``z = 0``) that is gguf-py's dequantization
+with ``d`` rounded to bfloat16 (``tests/plugins/gguf/test_packed.py``).
 """
 
 from __future__ import annotations
@@ -57,12 +66,60 @@ from .tensors import GGUFTensor
 if TYPE_CHECKING:
     from torch import nn
 
+    from loader.checkpoint import LoadOptions
     from loader.layers import NarrowedPart, QuantizeMethodBase
 
-__all__ = ["METHOD_NAME", "GGUFLayerState", "GGUFLinearMethod", "GGUFQuantConfig", "LayerChoice"]
+__all__ = ["METHOD_NAME", "GGUFLayerState", "GGUFLinearMethod", "GGUFQuantConfig", "LayerChoice",
+           "kernel_dtype_for", "kernel_dtype_requested", "packing_requested"]
 
 METHOD_NAME = "gguf"
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
+_YES, _NO = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _format_option(options: LoadOptions, key: str) -> str | None:
+    value = options.extra.get("format_options", {}).get(key)
+    return None if value is None else str(value).strip().lower()
+
+
+def packing_requested(options: LoadOptions) -> bool:
+    """Whether a GGUF load that names no quantization keeps its blocks packed.
+
+    Yes on the CPU when the dtype is ``"auto"`` (GGUF's default: float32
+    activations, the linears through the bfloat16 kernel) or one the kernel
+    computes in (bfloat16, float16). No when float32 is asked for by name, on
+    another device, or with ``format_options={"dequantize": True}`` (CLI:
+    ``--format-option dequantize=true``): the weights are dequantized as before.
+    """
+    text = _format_option(options, "dequantize") or "false"
+    if text not in _YES + _NO:
+        raise UnsupportedError(f"format option dequantize={text!r} is not a yes/no value; use true or false")
+    if text in _YES or options.device.type != "cpu":
+        return False
+    return bool(options.extra.get("dtype_auto")) or options.dtype in _KERNEL_DTYPES
+
+
+def kernel_dtype_for(load_dtype: torch.dtype) -> torch.dtype:
+    """The int4 kernel's default dtype for a load: the load's own when the kernel is fast in it, else bfloat16."""
+    return load_dtype if load_dtype in _KERNEL_DTYPES else torch.bfloat16
+
+
+def kernel_dtype_requested(options: LoadOptions) -> torch.dtype | None:
+    """``format_options={"kernel_dtype": "float32"}``: the int4 kernel computes in float32.
+
+    Ten to a hundred times slower than its bfloat16 path, but its weight is
+    gguf-py's dequantization and its outputs are float32, so tensor-parallel
+    partial sums add up as tp=1 does (within 1e-5). ``None``: bfloat16 (float16
+    for a float16 load).
+    """
+    text = _format_option(options, "kernel_dtype")
+    choices = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if text is None:
+        return None
+    if text not in choices:
+        raise UnsupportedError(f"format option kernel_dtype={text!r} is not supported; use one of "
+                               f"{', '.join(choices)}")
+    return choices[text]
 
 
 @attrs.frozen
@@ -80,6 +137,8 @@ class GGUFQuantConfig(QuantizationConfig):
     """The user's request to keep GGUF blocks packed; records each layer's choice for the load report."""
 
     name = METHOD_NAME
+    kernel_dtype: torch.dtype | None = None
+    """The dtype the int4 kernel computes in; ``None``: :func:`kernel_dtype_for` the layer's dtype."""
     layer_log: dict[str, LayerChoice] = attrs.field(factory=dict, eq=False)
 
     def describe(self) -> dict[str, Any]:
@@ -88,6 +147,7 @@ class GGUFQuantConfig(QuantizationConfig):
             counts[choice.kernel] = counts.get(choice.kernel, 0) + 1
         return {
             "method": self.name, "kernels": counts,
+            "kernel_dtype": None if self.kernel_dtype is None else str(self.kernel_dtype).removeprefix("torch."),
             "packed_bytes": sum(choice.packed_bytes for choice in self.layer_log.values()),
             "layers": {prefix: attrs.asdict(choice) for prefix, choice in sorted(self.layer_log.items())},
         }
@@ -172,7 +232,8 @@ class GGUFLinearMethod(LinearMethodBase):
         reason = reason or int4_unsupported_reason(state.rows, state.cols, GROUP_SIZE)
         delattr(layer, "weight")
         if reason is None:
-            packed = self._pack([affine_rows(part.narrowed) for part in parts], state.params_dtype)
+            dtype = self.config.kernel_dtype or kernel_dtype_for(state.params_dtype)
+            packed = self._pack([affine_rows(part.narrowed) for part in parts], dtype)
             layer.register_buffer("packed_weight", packed.data)
             layer.register_buffer("packed_scales_and_zeros", packed.scales_and_zeros)
             size = packed.data.numel() + packed.scales_and_zeros.numel() * packed.scales_and_zeros.element_size()
@@ -187,8 +248,7 @@ class GGUFLinearMethod(LinearMethodBase):
         self.config.layer_log[state.prefix] = state.choice
 
     @staticmethod
-    def _pack(decoded: list[AffineRows], params_dtype: torch.dtype) -> Int4CpuWeight:
-        dtype = params_dtype if params_dtype in _KERNEL_DTYPES else torch.bfloat16
+    def _pack(decoded: list[AffineRows], dtype: torch.dtype) -> Int4CpuWeight:
         codes = torch.cat([d.codes for d in decoded])
         scales = torch.cat([d.scales for d in decoded], dim=1)
         biases = torch.cat([d.biases for d in decoded], dim=1)

@@ -64,12 +64,18 @@ def loader_iter_weights(source: Source, weight_format: WeightFormat, options: Lo
 @hookimpl
 def loader_detect_quantization(hf_config: Mapping[str, Any], requested: str | None,
                                options: LoadOptions) -> QuantizationConfig | None:
-    """``quantization="gguf"``: keep a GGUF file's Q4_0/Q4_1 weights packed for torch's CPU int4 kernel.
+    """Keep a GGUF file's 4-bit blocks packed for torch's CPU int4 kernel, when the load asks for it.
 
-    Opt-in for now: without it GGUF weights are dequantized to the load dtype, as before.
+    ``quantization="gguf"`` always does; with no quantization named, a GGUF load does when its dtype is
+    ``auto`` (the default) or a dtype the kernel computes in, unless ``format_options`` has
+    ``dequantize`` (see :func:`~.packed_linear.packing_requested`); ``format_options`` ``kernel_dtype``
+    chooses the dtype the kernel computes in.
     """
-    if requested != "gguf":
+    if requested not in ("gguf", None) or (requested is None and options.extra.get("weight_format") != FORMAT_NAME):
         return None
-    from .packed_linear import GGUFQuantConfig
+    from .packed_linear import GGUFQuantConfig, kernel_dtype_for, kernel_dtype_requested, packing_requested
 
-    return GGUFQuantConfig()
+    kernel_dtype = kernel_dtype_requested(options) or kernel_dtype_for(options.dtype)
+    if requested == "gguf" or packing_requested(options):
+        return GGUFQuantConfig(kernel_dtype=kernel_dtype)
+    return None

@@ -1,11 +1,14 @@
-"""GGUF Q4_0 / Q4_1 blocks as an affine 4-bit weight: codes, per-32-group scales and biases.
+"""GGUF Q4_0 / Q4_1 / Q4_K blocks as an affine 4-bit weight: codes, per-32-group scales and biases.
 
-Both types are exact affine maps per block of 32 input columns, so they fit
+All three types are exact affine maps per group of 32 input columns, so they fit
 :func:`loader.layers.pack_int4` without re-quantizing anything:
 
 - Q4_0 (``d: f16, qs[16]``): ``w = d * (q - 8)``, i.e. scale ``d``, bias ``-8 d``;
 - Q4_1 (``d: f16, m: f16, qs[16]``): ``w = d * q + m``, i.e. scale ``d``, bias ``m``
-  (torch's kernel then stores ``zero = m + 8 d``, since it computes ``(q - 8) * s + zero``).
+  (torch's kernel then stores ``zero = m + 8 d``, since it computes ``(q - 8) * s + zero``);
+- Q4_K (a 256-value super-block ``d, dmin: f16, scales[12], qs[128]``): eight groups of 32 with
+  6-bit ``sc[j]``, ``m[j]``, ``w = (d sc[j]) q - dmin m[j]``, i.e. scale ``d sc[j]`` and bias
+  ``-dmin m[j]``, both computed in float32 exactly as gguf-py does (an 11-bit by 6-bit product is exact).
 
 :func:`affine_rows` reads the blocks under a checkpoint tensor handed to a
 layer — a :class:`~loader_plugin_gguf.tensors.GGUFTensor` window, or one whose
@@ -23,6 +26,7 @@ from gguf.constants import GGMLQuantizationType
 from loader.weights import CheckpointTensor, RowPermutedTensor
 
 from .dequantize import block_shape
+from .kernels_kquants import QK_K, scale_min_k4, split_nibbles
 from .kernels_legacy import half_at, nibbles
 from .tensors import GGUFTensor
 
@@ -30,7 +34,7 @@ __all__ = ["GROUP_SIZE", "PACKED_TYPES", "AffineRows", "affine_rows", "decode_q4
 
 Q = GGMLQuantizationType
 GROUP_SIZE = 32
-PACKED_TYPES = (Q.Q4_0, Q.Q4_1)
+PACKED_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q4_K)
 """Block types kept packed: the ones whose blocks are exactly ``code * scale + bias`` per 32 columns."""
 
 
@@ -39,8 +43,8 @@ class AffineRows:
     """One part's weight ``[rows, cols]`` as ``codes * scales + biases`` per group of 32 columns.
 
     :ivar codes: uint8 ``[rows, cols]`` in ``[0, 16)``.
-    :ivar scales: float32 ``[cols / 32, rows]`` (the blocks' ``d``, widened from float16).
-    :ivar biases: float32 ``[cols / 32, rows]`` (``-8 d`` for Q4_0, ``m`` for Q4_1).
+    :ivar scales: float32 ``[cols / 32, rows]`` (the blocks' ``d`` widened from float16; ``d sc`` for Q4_K).
+    :ivar biases: float32 ``[cols / 32, rows]`` (``-8 d`` for Q4_0, ``m`` for Q4_1, ``-dmin m`` for Q4_K).
     :ivar ggml_type: the block type the rows came from.
     """
 
@@ -50,11 +54,24 @@ class AffineRows:
     ggml_type: int
 
 
+def _decode_q4_k(blocks: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_K super-blocks ``[n, 144]`` -> codes ``[rows, cols]``, scales and biases ``[rows, cols / 32]``."""
+    groups = QK_K // GROUP_SIZE
+    sc, mn = scale_min_k4(blocks[:, 4:16])
+    scales = half_at(blocks, 0) * sc.to(torch.float32)
+    biases = -(half_at(blocks, 2) * mn.to(torch.float32))
+    codes = split_nibbles(blocks[:, 16:144], groups // 2, GROUP_SIZE)  # [n, 4, 2, 32]: group j = 2 i + hi
+    return codes.reshape(rows, -1), scales.view(rows, -1), biases.view(rows, -1)
+
+
 def decode_q4(raw: torch.Tensor, ggml_type: int) -> AffineRows:
-    """Split ``raw`` (uint8 ``[rows, row_bytes]`` of whole Q4_0/Q4_1 blocks) into codes, scales and biases."""
+    """Split ``raw`` (uint8 ``[rows, row_bytes]`` of whole Q4_0/Q4_1/Q4_K blocks) into codes, scales, biases."""
     _, size = block_shape(ggml_type)
     rows = raw.shape[0]
     blocks = raw.contiguous().view(-1, size)
+    if ggml_type == Q.Q4_K:
+        codes, scales, biases = _decode_q4_k(blocks, rows)
+        return AffineRows(codes, scales.t().contiguous(), biases.t().contiguous(), ggml_type)
     groups = blocks.shape[0] // rows if rows else 0
     d = half_at(blocks, 0).view(rows, groups)
     if ggml_type == Q.Q4_0:
@@ -87,8 +104,9 @@ def packing_reason(tensor: CheckpointTensor) -> str | None:
         return f"ggml type {window.stored_type} has no packed int4 kernel"
     if len(window.shape) != 2:
         return f"a {len(window.shape)}-d tensor is not a linear weight"
-    if not window.block_aligned:
-        return "the tensor parallel split cuts a 32-value block"
+    start, cols = window.columns
+    if start % GROUP_SIZE or cols % GROUP_SIZE:
+        return f"the tensor parallel split cuts a {GROUP_SIZE}-value group"
     return None
 
 
@@ -105,8 +123,15 @@ def affine_rows(tensor: CheckpointTensor) -> AffineRows:
     if perm is not None and perm.numel():
         lo, hi = int(perm.min()), int(perm.max())
         window = window.narrow(0, lo, hi - lo + 1)
-    raw = window.blocks()
+    raw, skip = window.enclosing_blocks()
     if perm is not None and perm.numel():
         raw = raw.index_select(0, perm - int(perm.min()))
     window.stats.add(raw.numel(), tensors=1)
-    return decode_q4(raw, window.info.ggml_type)
+    decoded = decode_q4(raw, window.info.ggml_type)
+    cols = window.shape[-1]
+    if skip == 0 and decoded.codes.shape[1] == cols:
+        return decoded
+    # a TP split on a 32-group boundary inside a Q4_K super-block: keep this rank's groups
+    groups = slice(skip // GROUP_SIZE, (skip + cols) // GROUP_SIZE)
+    return AffineRows(decoded.codes[:, skip:skip + cols].contiguous(), decoded.scales[groups].contiguous(),
+                      decoded.biases[groups].contiguous(), decoded.ggml_type)

@@ -137,20 +137,19 @@ class GGUFTensor(CheckpointTensor):
             )
 
     @property
-    def block_aligned(self) -> bool:
-        """Whether the column window starts and ends on block boundaries (so its blocks are exactly it)."""
-        block, _ = block_shape(self.info.ggml_type)
-        return self._col_start % block == 0 and self._cols % block == 0
+    def columns(self) -> tuple[int, int]:
+        """``(first column, columns)`` of this window within the stored rows."""
+        return self._col_start, self._cols
 
-    def blocks(self) -> torch.Tensor:
-        """The stored blocks of this window, ``uint8 [rows, row_bytes]`` (a read-only view of the map).
+    def enclosing_blocks(self) -> tuple[torch.Tensor, int]:
+        """The whole blocks covering this window's columns and how many values of them precede the window.
 
-        For a quantize method that keeps blocks as they are (packed int4): only
-        block-aligned windows (:attr:`block_aligned`) are exactly the tensor.
+        For a packed method that decodes blocks into smaller groups (a Q4_K
+        super-block holds eight 32-value groups): a TP split on a group
+        boundary inside a super-block keeps its part of the decoded groups.
         """
-        if not self.block_aligned:
-            raise ValueError(f"{self.describe()}: columns {self._col_start}+{self._cols} are not whole blocks")
-        return self._raw()
+        block, _ = block_shape(self.info.ggml_type)
+        return self._raw(), self._col_start - self._block_window()[0] * block
 
     def _raw(self) -> torch.Tensor:
         """The stored bytes of this window as ``uint8 [rows, row_bytes]`` (a view of the map)."""

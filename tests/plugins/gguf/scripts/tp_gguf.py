@@ -1,8 +1,9 @@
 """Run under ``torchrun``: load each GGUF file, save this rank's logits and bytes read.
 
 Usage: ``python -m torch.distributed.run --nproc-per-node N tp_gguf.py OUT FILE...``; writes
-``OUT/rank<R>.json`` mapping each file to ``{"logits": path, "bytes_read": n, "packed_logits": path}``
-(the last loaded with ``quantization="gguf"``).
+``OUT/rank<R>.json`` mapping each file to ``{"logits": path, "bytes_read": n, "packed_logits": path,
+"exact_packed_logits": path}``: float32 dequantized, then the default load (packed where a kernel exists),
+then packed with the kernel computing in float32 (``format_options={"kernel_dtype": "float32"}``).
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ def main(out: Path, files: list[str]) -> None:
             logits = model(ids)
         saved = out / f"{i}-rank{rank}.pt"
         torch.save(logits, saved)
-        packed = load_model_with_report(file, dtype="float32", quantization="gguf")[0]
-        with torch.no_grad():
-            packed_logits = packed(ids)
-        packed_saved = out / f"{i}-rank{rank}-packed.pt"
-        torch.save(packed_logits, packed_saved)
-        results[file] = {"logits": str(saved), "bytes_read": report.bytes_read, "tp_size": report.tp_size,
-                         "packed_logits": str(packed_saved)}
+        results[file] = {"logits": str(saved), "bytes_read": report.bytes_read, "tp_size": report.tp_size}
+        for key, options in (("packed_logits", None), ("exact_packed_logits", {"kernel_dtype": "float32"})):
+            packed = load_model_with_report(file, format_options=options)[0]
+            with torch.no_grad():
+                packed_logits = packed(ids)
+            packed_saved = out / f"{i}-rank{rank}-{key}.pt"
+            torch.save(packed_logits, packed_saved)
+            results[file][key] = str(packed_saved)
     (out / f"rank{rank}.json").write_text(json.dumps(results))
 
 
