@@ -65,6 +65,7 @@ class PackedQuantConfig(QuantizationConfig):
     :ivar sym: symmetric quantization (zero point ``2**(bits-1)``).
     :ivar kernel: ``quantization_options["kernel"]``, see :data:`KERNELS`.
     :ivar skip_modules: modules the checkpoint keeps in floating point.
+    :ivar lm_head: the checkpoint quantizes the output head too (GPTQ ``lm_head: true``).
     :ivar kernel_log: each quantized layer's :class:`KernelChoice`, filled after loading.
     """
 
@@ -74,6 +75,7 @@ class PackedQuantConfig(QuantizationConfig):
     sym: bool = True
     kernel: str = "auto"
     skip_modules: tuple[str, ...] = ()
+    lm_head: bool = False
     kernel_log: dict[str, KernelChoice] = attrs.field(factory=dict, eq=False, repr=False)
 
     @property
@@ -92,7 +94,8 @@ class PackedQuantConfig(QuantizationConfig):
             counts[choice.kernel] = counts.get(choice.kernel, 0) + 1
         return {
             "method": self.name, "bits": self.bits, "group_size": self.group_size, "act_order": self.act_order,
-            "sym": self.sym, "kernel": self.kernel, "skip_modules": list(self.skip_modules), "kernels": counts,
+            "sym": self.sym, "kernel": self.kernel, "skip_modules": list(self.skip_modules), "lm_head": self.lm_head,
+            "kernels": counts,
             "layers": {prefix: attrs.asdict(choice) for prefix, choice in sorted(self.kernel_log.items())},
         }
 
@@ -100,10 +103,11 @@ class PackedQuantConfig(QuantizationConfig):
         return any(_matches(prefix, m) for m in self.skip_modules)
 
     def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
-        """:class:`~loader_plugin_marlin.linear_method.PackedLinearMethod` for every parallel linear layer."""
-        from loader.layers import LinearBase
+        """:class:`~loader_plugin_marlin.linear_method.PackedLinearMethod` for every parallel linear layer, and for
+        the output head when the checkpoint quantizes it (:attr:`lm_head`)."""
+        from loader.layers import LinearBase, ParallelLMHead
 
-        if not isinstance(layer, LinearBase):
+        if not (isinstance(layer, LinearBase) or (self.lm_head and isinstance(layer, ParallelLMHead))):
             return None
         from .linear_method import PackedLinearMethod
 
@@ -177,11 +181,10 @@ def config_from_checkpoint(declared: Mapping[str, Any], options: Mapping[str, An
             f"{_WHERE}: checkpoint_format {checkpoint_format!r} is not supported; expected one of "
             f"{list(CHECKPOINT_FORMATS)}"
         )
-    if check_flag(declared, "lm_head", False, _WHERE):
-        raise UnsupportedError(f"{_WHERE}: a quantized lm_head (lm_head: true) is not supported")
     return GPTQConfig(
         bits=int(bits), group_size=int(group_size), act_order=check_flag(declared, "desc_act", False, _WHERE),
         sym=check_flag(declared, "sym", True, _WHERE), checkpoint_format=str(checkpoint_format),
         kernel=kernel_option(options, METHOD_NAME),
         skip_modules=module_list(declared.get("modules_to_not_convert"), "modules_to_not_convert", _WHERE),
+        lm_head=check_flag(declared, "lm_head", False, _WHERE),
     )

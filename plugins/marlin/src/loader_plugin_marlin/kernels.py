@@ -24,7 +24,7 @@ from typing import Protocol
 import attrs
 import torch
 
-from loader.layers import KERNEL_GROUP_SIZES, Int4CpuWeight, pack_int4
+from loader.layers import KERNEL_GROUP_SIZES, Int4CpuWeight, int4_unsupported_reason, pack_int4
 
 from .config import KernelChoice
 from .int8_cpu import Int8CpuWeight, pack_int8
@@ -112,20 +112,26 @@ def _padded(sorted_g_idx: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.
     return torch.cat(rows), torch.cat(groups)
 
 
-def _int4(weight: QuantizedWeight, dtype: torch.dtype) -> Int4Kernel:
+def _int4(weight: QuantizedWeight, dtype: torch.dtype) -> Int4Kernel | str:
+    """The int4 kernel, or why it cannot take the layer: decided from ``g_idx`` and the shape alone, before any
+    copy of the codes is sorted, padded or packed (a layer that falls back costs nothing here)."""
     perm = torch.argsort(weight.g_idx, stable=True) if weight.act_order else None
     g_idx = weight.g_idx if perm is None else weight.g_idx[perm]
-    codes = weight.codes if perm is None else weight.codes[perm]
     size = kernel_group(g_idx)
     padded = size is None
+    rows = None
     if size is None:
         # a rank's act-order rows, or groups smaller than 32: pad each group with rows that read a zero input
         size = min(KERNEL_GROUP_SIZES)
-        rows, groups = _padded(g_idx, size)
+        rows, g_idx = _padded(g_idx, size)
+    reason = int4_unsupported_reason(weight.out_features, int(g_idx.numel()), size)
+    if reason is not None:
+        return reason
+    codes = weight.codes if perm is None else weight.codes[perm]
+    if rows is not None:
         source = torch.arange(weight.in_features) if perm is None else perm
         perm = torch.where(rows >= 0, source[rows.clamp(min=0)], weight.in_features)
         codes = torch.where((rows >= 0).unsqueeze(1), codes[rows.clamp(min=0)], 8)
-        g_idx = groups
     block_groups = g_idx[::size].long()
     scales = weight.scales[block_groups]
     biases = -weight.zeros[block_groups].to(torch.float32) * scales
