@@ -1,6 +1,9 @@
 """``loader inspect SOURCE``: what a checkpoint holds, without loading it.
 
-Tensors are listed from the format's lazy stream, so nothing but headers is read.
+Tensors are listed from the format's lazy stream, so nothing but headers is
+read. ``--layers`` adds each layer's planned kernel: the model is built on the
+``meta`` device and each layer's quantize method answers from shapes alone
+(``loader._pipeline.plan``).
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ import argparse
 from collections import Counter
 from typing import Any
 
+from .layer_kernels import kernel_summary_lines, print_layer_table
 from .output import format_bytes, print_json, print_table
 
 __all__ = ["inspect_source", "run_inspect"]
@@ -68,6 +72,13 @@ def inspect_source(location: str, load_format: str = "auto", revision: str | Non
 
 def run_inspect(args: argparse.Namespace) -> int:
     info = inspect_source(args.source, args.load_format, args.revision, args.model_impl)
+    if args.layers:
+        from .._pipeline.plan import plan_layers
+
+        plan = plan_layers(args.source, device=args.device, load_format=args.load_format,
+                           quantization=args.quantization, revision=args.revision, model_impl=args.model_impl)
+        info["layers"] = plan["layers"]
+        info["layers_device"] = args.device
     if args.json:
         print_json(info)
         return 0
@@ -83,4 +94,12 @@ def run_inspect(args: argparse.Namespace) -> int:
     print()
     print_table(["dtype", "tensors", "bytes"],
                 [[k, v["tensors"], format_bytes(v["bytes"])] for k, v in info["dtypes"].items()])
+    if args.layers:
+        summary = kernel_summary_lines(info["layers"])
+        print()
+        print(f"kernels on {args.device} (planned from shapes; no weights read): {summary[0]}")
+        for line in summary[1:]:
+            print(f"  {line}")
+        print()
+        print_layer_table(info["layers"])
     return 0

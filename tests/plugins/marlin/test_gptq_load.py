@@ -114,6 +114,33 @@ def test_a_quantized_lm_head_loads_packed_and_matches_the_reference(tmp_path):
         assert relative_error(model(ids), reference_logits(reference, ids)) <= 1e-3
 
 
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("kernel", [None, "int8pack"])
+def test_the_plan_from_shapes_is_the_choice_made_at_load(checkpoints, case, kernel):
+    """``loader inspect --layers`` builds on meta and asks each layer: it must predict what loading chooses."""
+    from loader._pipeline.plan import plan_layers
+
+    path, _ = checkpoints[case]
+    options = {"kernel": kernel} if kernel else None
+    planned = plan_layers(str(path), dtype="float32", quantization_options=options)
+    _, report = loader.load_model_with_report(str(path), dtype="float32", quantization_options=options)
+    assert planned["layers"] == report.quantization["layers"]
+
+
+def test_load_and_inspect_print_the_kernel_summary_with_each_fallback_reason(checkpoints):
+    from tests.core.test_cli import run_cli
+
+    path, _ = checkpoints["llama-8bit-g32-asym"]
+    reason = "dequantize (6 layers): 8-bit with 2 groups: the int8 kernel takes one scale per output channel"
+    loaded = run_cli("load", str(path))
+    assert loaded.returncode == 0, loaded.stderr
+    assert "  kernels        dequantize 8\n" in loaded.stdout and reason in loaded.stdout
+    planned = run_cli("inspect", str(path), "--layers")
+    assert planned.returncode == 0, planned.stderr
+    assert "kernels on cpu (planned from shapes; no weights read): dequantize 8" in planned.stdout
+    assert reason in planned.stdout
+
+
 def _rewrite(src, dst, change):
     import shutil
 

@@ -28,9 +28,11 @@ from loader.layers import KERNEL_GROUP_SIZES, Int4CpuWeight, int4_unsupported_re
 
 from .config import KernelChoice
 from .int8_cpu import Int8CpuWeight, pack_int8
-from .quantized_weight import QuantizedWeight
+from .layer_geometry import LayerGeometry
+from .quantized_weight import QuantizedWeight, default_g_idx
 
-__all__ = ["DequantizeKernel", "Int4Kernel", "Int8Kernel", "LayerKernel", "choose_kernel", "kernel_group"]
+__all__ = ["DequantizeKernel", "Int4Kernel", "Int8Kernel", "LayerKernel", "choose_kernel", "kernel_group",
+           "plan_kernel"]
 
 
 class LayerKernel(Protocol):
@@ -139,10 +141,17 @@ def _int4(weight: QuantizedWeight, dtype: torch.dtype) -> Int4Kernel | str:
     return Int4Kernel(packed, perm, KernelChoice("int4pack", packed.reason), padded)
 
 
+def _int8_reason(groups: int) -> str | None:
+    if groups != 1:
+        return f"8-bit with {groups} groups: the int8 kernel takes one scale per output channel"
+    return None
+
+
 def _int8(weight: QuantizedWeight, dtype: torch.dtype) -> Int8Kernel | str:
     used = torch.unique(weight.g_idx)
-    if used.numel() != 1:
-        return f"8-bit with {used.numel()} groups: the int8 kernel takes one scale per output channel"
+    reason = _int8_reason(int(used.numel()))
+    if reason is not None:
+        return reason
     group = int(used[0])
     return Int8Kernel(pack_int8(weight.codes.t(), weight.scales[group], weight.zeros[group], dtype),
                       KernelChoice("int8pack"))
@@ -157,6 +166,40 @@ def _marlin(weight: QuantizedWeight, dtype: torch.dtype) -> LayerKernel | str:
         return reason
     compute = dtype if dtype in (torch.float16, torch.bfloat16) else torch.float16
     return marlin_kernel(repack(weight, compute), weight.codes.device)
+
+
+def plan_kernel(geometry: LayerGeometry, *, bits: int, group_size: int, act_order: bool, requested: str,
+                device: torch.device) -> KernelChoice:
+    """The choice :func:`choose_kernel` will make for a layer of this shape, from the shapes alone.
+
+    Exact except for what only values tell: Marlin refuses a GPTQ v1 zero
+    point that wraps (the plan says ``marlin``; the load falls back).
+    """
+    k, n = geometry.rows, geometry.cols
+    if requested == "dequantize":
+        return KernelChoice("dequantize", "quantization_options kernel='dequantize'")
+    if device.type == "cuda" or requested == "marlin":
+        from .marlin_cuda import marlin_cuda_unavailable_reason
+        from .marlin_layout import marlin_shape_reason
+
+        reason = marlin_cuda_unavailable_reason(device) or marlin_shape_reason(bits, group_size, k, n,
+                                                                               geometry.groups)
+        return KernelChoice("marlin") if reason is None else KernelChoice("dequantize", reason)
+    preferred = "int4pack" if bits == 4 else "int8pack"
+    wanted = preferred if requested == "auto" else requested
+    if wanted != preferred:
+        return KernelChoice("dequantize", f"the {wanted} kernel does not take {bits}-bit weights")
+    # the rows' groups in sorted order: contiguous unless this rank holds an act-order share (unknown here)
+    known = not act_order or geometry.whole_input
+    sorted_g_idx = default_g_idx(k, group_size, geometry.first_group * max(group_size, 0)) if known else None
+    if bits == 8:
+        groups = int(torch.unique(sorted_g_idx).numel()) if sorted_g_idx is not None else geometry.groups
+        reason = _int8_reason(groups)
+    else:
+        size = kernel_group(sorted_g_idx) if sorted_g_idx is not None else None
+        rows = k if size is not None else -(-k // KERNEL_GROUP_SIZES[0]) * KERNEL_GROUP_SIZES[0]
+        reason = int4_unsupported_reason(n, rows, size or KERNEL_GROUP_SIZES[0])
+    return KernelChoice(preferred) if reason is None else KernelChoice("dequantize", reason)
 
 
 def choose_kernel(weight: QuantizedWeight, requested: str, dtype: torch.dtype) -> LayerKernel:

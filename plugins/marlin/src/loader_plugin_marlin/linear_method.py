@@ -27,7 +27,7 @@ from loader.errors import CheckpointFormatError
 from loader.layers import LinearMethodBase, ParamLayout, WeightLoader, set_param_layout
 
 from .config import PackedQuantConfig
-from .kernels import LayerKernel, choose_kernel
+from .kernels import LayerKernel, choose_kernel, plan_kernel
 from .layer_geometry import LayerGeometry, layer_geometry
 from .param_specs import ParamSpec
 from .quantized_weight import QuantizedWeight
@@ -136,6 +136,16 @@ class PackedLinearMethod(LinearMethodBase):
             layer.register_buffer(f"{_BUFFER_PREFIX}{name}", tensor)
         state.kernel = kernel
         self.config.kernel_log[state.geometry.prefix] = kernel.choice
+
+    def layer_plan(self, layer: nn.Module) -> dict[str, Any] | None:
+        """The kernel this layer will get on the load's device, from its shapes (``loader inspect --layers``)."""
+        from loader.models import current_session
+
+        state = self.layer_state(layer, PackedLayerState)
+        cfg = self.config
+        choice = plan_kernel(state.geometry, bits=cfg.bits, group_size=cfg.group_size, act_order=cfg.act_order,
+                             requested=cfg.kernel, device=current_session().device)
+        return attrs.asdict(choice)
 
     def kernel(self, layer: nn.Module) -> LayerKernel:
         """The kernel chosen after loading, holding the layer's current buffers.
