@@ -76,11 +76,13 @@ def child(path: str, kernel: str | None, tokens: int) -> None:
     import loader
 
     options = {"kernel": kernel} if kernel else None
-    imported = rss_breakdown()["rss_bytes"]
+    before = rss_breakdown()
+    imported = before["rss_bytes"]
     start = time.perf_counter()
     model = loader.load_model(path, dtype="bfloat16", quantization_options=options)
     load_s = time.perf_counter() - start
-    loaded = rss_breakdown()["rss_bytes"]
+    after = rss_breakdown()
+    loaded = after["rss_bytes"]
     model_bytes = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -90,7 +92,9 @@ def child(path: str, kernel: str | None, tokens: int) -> None:
         model(ids)
         forward_s = time.perf_counter() - start
     print(json.dumps({"load_s": load_s, "forward_s": forward_s, "peak_rss": peak_rss_bytes(),
-                      "load_rss": loaded - imported, "model_bytes": model_bytes}))
+                      "load_rss": loaded - imported, "model_bytes": model_bytes,
+                      "load_anon": after["rss_anon_bytes"] - before["rss_anon_bytes"],
+                      "load_file": after["rss_file_bytes"] - before["rss_file_bytes"]}))
 
 
 def main() -> None:
@@ -116,12 +120,13 @@ def main() -> None:
     print(f"Llama hidden {shape.hidden}, {shape.layers} layers, vocab {shape.vocab} "
           f"({shape.parameter_bytes / 1e9:.2f} GB bf16); one forward of {args.tokens} tokens, bfloat16\n")
     print("| path | load s | forward s | forward ÷ bf16 | peak RSS | ÷ bf16 | RSS added by the load | ÷ bf16 "
-          "| parameters + buffers | ÷ bf16 |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| of it anon / file-mapped | parameters + buffers | ÷ bf16 |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for label, r in rows:
         print(f"| {label} | {r['load_s']:.2f} | {r['forward_s']:.3f} | {r['forward_s'] / base['forward_s']:.2f} | "
               f"{r['peak_rss'] / 2**30:.2f} GiB | {r['peak_rss'] / base['peak_rss']:.2f} | "
               f"{r['load_rss'] / 2**30:.2f} GiB | {r['load_rss'] / base['load_rss']:.2f} | "
+              f"{r['load_anon'] / 2**30:.2f} / {r['load_file'] / 2**30:.2f} GiB | "
               f"{r['model_bytes'] / 2**30:.2f} GiB | {r['model_bytes'] / base['model_bytes']:.2f} |")
 
 
