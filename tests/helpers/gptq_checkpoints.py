@@ -27,6 +27,7 @@ symmetric 4-bit v1, scales F16 ``[groups, out]``, ``g_idx`` I32 ``[in]``).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -129,11 +130,14 @@ def gptq_quantization_config(bits: int, group_size: int, *, sym: bool, desc_act:
 
 def save_gptq_checkpoint(
     family: str, path: Path, *, bits: int = 4, group_size: int = 32, sym: bool = True, desc_act: bool = False,
-    checkpoint_format: str = "gptq", seed: int = 0, lm_head: bool = False, **overrides: Any,
+    checkpoint_format: str = "gptq", seed: int = 0, lm_head: bool = False,
+    dynamic: dict[str, dict[str, Any]] | None = None, **overrides: Any,
 ) -> tuple[Path, Any]:
     """Quantize a random ``family`` model's decoder linears into a GPTQ checkpoint at ``path``.
 
     ``lm_head``: quantize the (untied) output head too, declared as GPTQModel does (``lm_head: true``).
+    ``dynamic``: GPTQModel's per-module rules (``{"lm_head": {"bits": 8, ...}}``; ``re.match`` on the module
+    name, first match wins), applied when packing and written to the config.
 
     Returns ``(path, reference)``: ``reference`` is the ``transformers`` model
     whose linear weights are replaced by their dequantized values, the model
@@ -142,8 +146,13 @@ def save_gptq_checkpoint(
     quantization_config = gptq_quantization_config(bits, group_size, sym=sym, desc_act=desc_act,
                                                     checkpoint_format=checkpoint_format, lm_head=lm_head)
 
+    if dynamic:
+        quantization_config["dynamic"] = dynamic
+
     def pack(weight: torch.Tensor, module: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        q = quantize(weight, bits, group_size, sym=sym, act_order=desc_act, seed=input_seed(module))
+        rule = next((rule for key, rule in (dynamic or {}).items() if re.match(key.removeprefix("+:"), module)), {})
+        q = quantize(weight, rule.get("bits", bits), rule.get("group_size", group_size), sym=rule.get("sym", sym),
+                     act_order=rule.get("desc_act", desc_act), seed=input_seed(module))
         return pack_gptq(q, checkpoint_format=checkpoint_format), dequantize(q)
 
     return save_packed_checkpoint(family, path, quantization_config, pack, seed=seed,

@@ -30,8 +30,9 @@ def calibration(vocab_size: int, count: int = 16, length: int = 48, seed: int = 
 
 
 def save_gptqmodel_checkpoint(family: str, path: Path, *, bits: int = 4, group_size: int = 128, sym: bool = True,
-                              desc_act: bool = False, seed: int = 0, **overrides: Any) -> Path:
-    """Write a random dense ``family`` model to ``path/dense`` and GPTQModel's quantization of it to ``path/gptq``."""
+                              desc_act: bool = False, seed: int = 0, lm_head: bool = False, **overrides: Any) -> Path:
+    """Write a random dense ``family`` model to ``path/dense`` and GPTQModel's quantization of it to ``path/gptq``
+    (``lm_head``: quantize the output head too, GPTQModel's ``QuantizeConfig(lm_head=True)``)."""
     os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")
     from gptqmodel import GPTQModel, QuantizeConfig
 
@@ -42,7 +43,7 @@ def save_gptqmodel_checkpoint(family: str, path: Path, *, bits: int = 4, group_s
     # name a pad token, or GPTQModel's tokenizer wrapper adds one past the vocabulary for Qwen2
     tokenizer_config = json.loads((dense / "tokenizer_config.json").read_text())
     (dense / "tokenizer_config.json").write_text(json.dumps({**tokenizer_config, "pad_token": "<unk>"}))
-    quant = QuantizeConfig(bits=bits, group_size=group_size, sym=sym, desc_act=desc_act)
+    quant = QuantizeConfig(bits=bits, group_size=group_size, sym=sym, desc_act=desc_act, lm_head=lm_head)
     out = path / "gptq"
     with contextlib.chdir(path):  # GPTQModel writes a logs/ folder into the working directory
         model = GPTQModel.load(str(dense), quant, device="cpu")

@@ -141,6 +141,26 @@ def test_load_and_inspect_print_the_kernel_summary_with_each_fallback_reason(che
     assert reason in planned.stdout
 
 
+def test_gptqmodel_s_dynamic_rules_give_the_head_its_own_settings(tmp_path):
+    """GPTQModel's ``lm_head=True`` writes ``dynamic: {"lm_head": {"bits": 8, "group_size": 32, ...}}``."""
+    dynamic = {"lm_head": {"bits": 8, "group_size": 32, "sym": True, "desc_act": False, "mse": 2.4},
+               "-:model.layers.1.mlp.down_proj": {}}
+    path, reference = save_gptq_checkpoint("llama", tmp_path / "dynamic", bits=4, group_size=32, sym=False,
+                                           desc_act=True, lm_head=True, dynamic=dynamic, tie_word_embeddings=False,
+                                           keep_dense=("model.layers.1.mlp.down_proj",))
+    model, report = loader.load_model_with_report(str(path), dtype="float32")
+    layers = report.quantization["layers"]
+    assert layers["lm_head"] == {"kernel": "dequantize", "reason": "8-bit with 2 groups: the int8 kernel takes one "
+                                                                   "scale per output channel"}
+    assert "model.layers.1.mlp.down_proj" not in layers and layers["model.layers.0.mlp.down_proj"]["kernel"] == \
+        "int4pack"
+    assert report.quantization["dynamic"]["+:lm_head"] == {"bits": 8, "group_size": 32, "sym": True,
+                                                          "act_order": False}
+    ids = random_ids(reference.config.vocab_size)
+    with torch.no_grad():
+        assert relative_error(model(ids), reference_logits(reference, ids)) <= 1e-3
+
+
 def _rewrite(src, dst, change):
     import shutil
 

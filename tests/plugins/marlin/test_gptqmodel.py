@@ -131,6 +131,23 @@ def test_a_real_model_quantized_by_gptqmodel_agrees_with_its_cpu_inference_on_a_
     assert agreement >= 0.9
 
 
+def test_a_gptqmodel_quantized_lm_head_loads_into_the_head(tmp_path):
+    """``QuantizeConfig(lm_head=True)`` on an untied Llama: the head's tensors load packed and equal GPTQModel's."""
+    path = save_gptqmodel_checkpoint("llama", tmp_path / "head", sym=False, desc_act=True, group_size=32,
+                                     lm_head=True, tie_word_embeddings=False, **SIZES)
+    _, weights = gptqmodel_dequantized_weights(path)
+    assert "lm_head" in weights
+    model, report = loader.load_model_with_report(str(path), dtype="float32")
+    assert report.quantization["lm_head"] is True
+    assert report.quantization["layers"]["lm_head"]["kernel"] == "int4pack"
+    reference = reference_from_gptqmodel(path, path.parent / "dense", weights)
+    ids = random_ids(reference.config.vocab_size, seq=24)
+    with torch.no_grad():
+        error = relative_error(model(ids), reference_logits(reference, ids))
+    print(f"GPTQModel lm_head=True: fp32 relative error {error:.3g}")
+    assert error <= 1e-3
+
+
 # tp=2 splits o_proj's 160 input rows into 80 per rank: whole groups only with act-order (groups stay whole on
 # every rank); without it the split cuts a group of 128 (Llama) or 32 (Qwen2), which GPTQ cannot express.
 TP_EXPECTED = {
