@@ -132,14 +132,17 @@ def test_a_real_model_quantized_by_gptqmodel_agrees_with_its_cpu_inference_on_a_
 
 
 def test_a_gptqmodel_quantized_lm_head_loads_into_the_head(tmp_path):
-    """``QuantizeConfig(lm_head=True)`` on an untied Llama: the head's tensors load packed and equal GPTQModel's."""
+    """``QuantizeConfig(lm_head=True)`` on an untied Llama: the head's tensors load and compute as GPTQModel's."""
     path = save_gptqmodel_checkpoint("llama", tmp_path / "head", sym=False, desc_act=True, group_size=32,
                                      lm_head=True, tie_word_embeddings=False, **SIZES)
     _, weights = gptqmodel_dequantized_weights(path)
     assert "lm_head" in weights
     model, report = loader.load_model_with_report(str(path), dtype="float32")
     assert report.quantization["lm_head"] is True
-    assert report.quantization["layers"]["lm_head"]["kernel"] == "int4pack"
+    # GPTQModel 7.6 writes the head as 8-bit, group 32, symmetric (a `dynamic` rule): 5 groups, no int8 kernel
+    assert report.quantization["dynamic"]["+:lm_head"]["bits"] == 8
+    assert report.quantization["layers"]["lm_head"] == {
+        "kernel": "dequantize", "reason": "8-bit with 5 groups: the int8 kernel takes one scale per output channel"}
     reference = reference_from_gptqmodel(path, path.parent / "dense", weights)
     ids = random_ids(reference.config.vocab_size, seq=24)
     with torch.no_grad():
