@@ -5,6 +5,13 @@ holds the same number of rows; rows past the real vocabulary are zero. A rank
 looks up only the ids in its range (others give zero) and an all-reduce sums
 the ranks' answers; the head computes its logits slice and all-gathers them,
 then trims the padding so every rank sees the full, real vocabulary.
+
+A checkpoint may quantize the head like a linear layer (GPTQ's ``lm_head:
+true``): given a ``quant_config`` whose ``get_quant_method`` answers for the
+head, :class:`ParallelLMHead` lets that method create its parameters (named as
+in the checkpoint, e.g. ``lm_head.qweight``) and multiply, as vLLM's head does.
+The rows are still split by vocabulary, so a tensor packed along the output dim
+is narrowed in whole packed elements.
 """
 
 from __future__ import annotations
@@ -18,11 +25,14 @@ from torch import nn
 from .. import _distributed
 from .._mapped_parameters import fill_parameter
 from .._session import current_session
+from ..errors import UnsupportedError
 from .default_loader import check_shape
 from .param_layout import ParamLayout, layout_of, set_param_layout
+from .quantization import LinearMethodBase, UnquantizedLinearMethod, linear_method_for
 
 if TYPE_CHECKING:
     from ..weights import CheckpointTensor
+    from .quantization import QuantizationConfig
 
 __all__ = ["ParallelLMHead", "VocabParallelEmbedding", "pad_vocab_size"]
 
@@ -69,6 +79,11 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = weight
 
     @property
+    def display_name(self) -> str:
+        """How messages name this layer: its prefix, or its class for a layer built without one."""
+        return self.prefix or type(self).__name__
+
+    @property
     def real_rows(self) -> int:
         """Rows of this rank's shard that hold real vocabulary (the rest are padding)."""
         return max(0, min(self.vocab_end, self.num_embeddings) - self.vocab_start)
@@ -77,21 +92,30 @@ class VocabParallelEmbedding(nn.Module):
         """Read this rank's vocabulary rows of ``loaded`` and zero the padding rows."""
         if shard_id is not None:
             raise ValueError(f"{type(self).__name__} {self.prefix!r} has no shard {shard_id!r}")
-        output_dim = layout_of(param).output_dim
+        layout = layout_of(param)
+        output_dim = layout.output_dim
         if output_dim is None:  # a per-tensor value some plugin attached
-            check_shape(loaded, param.shape, self.prefix or type(self).__name__)
+            check_shape(loaded, param.shape, self.display_name)
             fill_parameter(param, loaded)
             return
+        pack = layout.pack_along(output_dim)  # a quantized head's tensor packed along the vocabulary
         expected = list(param.shape)
-        expected[output_dim] = self.num_embeddings
-        check_shape(loaded, expected, self.prefix or type(self).__name__)
-        rows = self.real_rows
+        expected[output_dim] = self._stored(self.num_embeddings, pack, "vocabulary size")
+        check_shape(loaded, expected, self.display_name)
+        rows = self._stored(self.real_rows, pack, "rows of this rank")
         if rows:
-            mine = loaded.narrow(output_dim, self.vocab_start, rows)
+            mine = loaded.narrow(output_dim, self._stored(self.vocab_start, pack, "first row of this rank"), rows)
             fill_parameter(param, mine, output_dim, 0)
         padding = param.shape[output_dim] - rows
         if padding:
             param.data.narrow(output_dim, rows, padding).zero_()
+
+    def _stored(self, rows: int, pack: int, what: str) -> int:
+        """``rows`` vocabulary rows in stored elements of ``pack`` rows; a split inside one is refused."""
+        if rows % pack:
+            raise UnsupportedError(f"{self.display_name}: the {what} ({rows}) is not a whole number of packed elements "
+                             f"of {pack} rows")
+        return rows // pack
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
@@ -117,6 +141,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     """
 
     bias: nn.Parameter | None
+    quant_method: LinearMethodBase | None
 
     def __init__(
         self,
@@ -126,11 +151,22 @@ class ParallelLMHead(VocabParallelEmbedding):
         bias: bool = False,
         params_dtype: torch.dtype | None = None,
         padding_size: int = 64,
+        quant_config: QuantizationConfig | None = None,
         prefix: str = "",
     ) -> None:
+        """``quant_config``: the checkpoint's quantization, asked for this head's method like a linear layer's
+        (configs that answer only for linear layers leave the head dense)."""
         super().__init__(
             num_embeddings, embedding_dim, params_dtype=params_dtype, padding_size=padding_size, prefix=prefix
         )
+        method = linear_method_for(quant_config, self, prefix) if quant_config is not None else None
+        self.quant_method = None if method is None or isinstance(method, UnquantizedLinearMethod) else method
+        if self.quant_method is not None:
+            del self.weight  # the method's parameters replace the dense weight (built on meta: nothing allocated)
+            self.quant_method.create_weights(
+                self, embedding_dim, [self.num_embeddings_per_partition], embedding_dim,
+                self.num_embeddings_padded, self.params_dtype, self.weight_loader,
+            )
         if bias:
             b = nn.Parameter(torch.empty(self.num_embeddings_per_partition, dtype=self.params_dtype),
                              requires_grad=False)
@@ -141,6 +177,8 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def tie_weights(self, embedding: VocabParallelEmbedding) -> ParallelLMHead:
         """Use ``embedding``'s weight as this head's weight (same parameter object)."""
+        if self.quant_method is not None:
+            raise ValueError(f"cannot tie the quantized {self.display_name!r} to {embedding.prefix!r}")
         if (embedding.num_embeddings_padded, embedding.embedding_dim, embedding.tp_rank) != (
             self.num_embeddings_padded, self.embedding_dim, self.tp_rank
         ):
@@ -152,6 +190,9 @@ class ParallelLMHead(VocabParallelEmbedding):
         return self
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        logits = F.linear(hidden, self.weight, self.bias)
+        if self.quant_method is not None:
+            logits = self.quant_method.apply(self, hidden, self.bias)
+        else:
+            logits = F.linear(hidden, self.weight, self.bias)
         logits = _distributed.all_gather(logits, dim=-1)
         return logits[..., : self.num_embeddings].float()
