@@ -89,7 +89,7 @@ def main() -> int:
     wheels = wheels_by_name(args.wheels)
     extras = dict(distribution_name(n) for n in args.names)  # safetensors[test] -> its wheel with extra "test"
     wanted = with_requirements(list(extras), wheels)
-    installed = {canonical(d.metadata["Name"]) for d in importlib.metadata.distributions()}
+    installed = {canonical(d.metadata["Name"] or "") for d in importlib.metadata.distributions()}
     # all of ours go first, wanted or not: a rebuilt wheel keeps its version, and pip would keep the old files
     leftovers = sorted(n for n in installed if OURS.match(n))
     if leftovers:
