@@ -48,7 +48,7 @@ bench: install  ## load benchmarks against the peers; results go to benchmarks/R
 	$(PIP_INSTALL) -r benchmarks/requirements.txt
 	$(PY) benchmarks/run_all.py
 
-tox: install  ## one isolated env per package
+tox: install  ## one isolated env per package, each installed from the wheels tox builds once per run
 	$(VENV)/bin/tox -p auto
 
 clean:

@@ -1,4 +1,6 @@
-"""Suite-wide settings: the capability cache lives in a temp folder, never the user's cache."""
+"""Suite-wide settings: the capability cache lives in a temp folder, never the user's cache; a wheel env
+(``LOADER_TESTS_FROM_WHEELS=1``, set by tox) refuses to run while loader or a plugin would come from
+anywhere but its installed wheel."""
 
 from __future__ import annotations
 
@@ -7,6 +9,27 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("LOADER_TESTS_FROM_WHEELS") != "1":
+        return
+    from tests.helpers.installed_packages import not_from_wheels
+
+    problems = not_from_wheels()
+    if problems:
+        raise pytest.UsageError(
+            "LOADER_TESTS_FROM_WHEELS=1, but these would not be tested as installed from their wheels: "
+            f"{'; '.join(problems)} (install with scripts/install_wheels.py; no editable installs, no PYTHONPATH)")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    from tests.helpers.installed_packages import import_locations, site_packages
+
+    found = [path for path in import_locations().values() if path is not None]
+    installed = [path for path in found if any(path.is_relative_to(folder) for folder in site_packages())]
+    return (f"loader and its plugins: {len(found)} packages, {len(installed)} from installed wheels, "
+            f"{len(found) - len(installed)} from elsewhere (editable or on sys.path)")
 
 
 @pytest.fixture(autouse=True, scope="session")

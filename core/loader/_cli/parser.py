@@ -14,6 +14,8 @@ import math
 import sys
 from typing import NoReturn
 
+from .versions import VersionAction
+
 __all__ = ["DTYPE_CHOICES", "EXIT_USER_ERROR", "CliParser", "build_parser", "source_help"]
 
 EXIT_USER_ERROR = 2
@@ -107,6 +109,7 @@ def build_parser(source_text: str | None = None) -> argparse.ArgumentParser:
         source_text = source_help()  # one scan of the installed entry points for every command's SOURCE help
     parser = CliParser(prog="loader", description="Load LLM checkpoints into ready torch modules.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and log records")
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=CliParser, metavar="COMMAND")
 
     p = sub.add_parser("plugins", help="list installed plugins, their status and hooks")
