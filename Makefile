@@ -9,7 +9,7 @@ PLUGINS := safetensors llama mistral qwen gguf bnb marlin runai transformers
 EDITABLES := -e . $(foreach p,$(PLUGINS),-e plugins/$(p))
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck unit demo bench tox clean docs soak
+.PHONY: install test lint typecheck unit demo bench bench-gguf tox clean docs soak
 
 $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml) requirements-test.txt constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,9 @@ demo: install  ## load the real SmolLM2-135M-Instruct GGUF, report, and ask it a
 bench: install  ## load benchmarks against the peers; results go to benchmarks/RESULTS.md (+ PNG plot)
 	$(PIP_INSTALL) -r benchmarks/requirements.txt
 	$(PY) benchmarks/run_all.py
+
+bench-gguf: install  ## GGUF packed vs dequantized vs llama.cpp (builds llama-cpp-python in benchmarks/out/ first)
+	$(PY) benchmarks/bench_gguf_packed.py --big
 
 tox: install  ## one isolated env per package, each installed from the wheels tox builds once per run
 	$(VENV)/bin/tox -p auto

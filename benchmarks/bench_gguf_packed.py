@@ -1,13 +1,27 @@
-"""GGUF kept packed (``quantization="gguf"``) against today's dequantized load: SmolLM2 time, memory, decode.
+"""GGUF kept packed against the dequantized loads and llama.cpp: load-to-ready, memory, greedy decode.
 
-For SmolLM2-135M-Instruct Q4_1 (``scripts/fetch_smollm2.py``), each path in a fresh process, the order
-alternating, ``--reps`` times (medians): load-to-ready seconds (the clock around ``load_model`` only),
-the RSS the load added (after minus before, from ``/proc/self/statm``), the process's peak RSS, the
-bytes of the model's parameters and buffers, and greedy decode tokens/s for ``--tokens`` new tokens of
-the chat question (the answer is printed so a wrong one is seen). Both paths load with
-``dtype="float32"``; the packed one multiplies its Q4 linears in bfloat16 (issue 17).
+One run, side by side, each path in a fresh process (the order alternating between repetitions, medians
+of ``--reps``), for SmolLM2-135M-Instruct Q4_1 (``scripts/fetch_smollm2.py``) and, with ``--big``, a
+1 GB-class random Llama in Q4_0 and in Q4_K written once with gguf-py (``benchmarks/gguf_checkpoints.py``):
 
-Usage: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_gguf_packed.py [--reps 3] [--tokens 20]``.
+- ``packed``: ``load_model(quantization="gguf", dtype="float32")`` — Q4 blocks repacked for torch's int4
+  kernel, the rest float32 (what issue 17's first slice measured; the kernel computes in bfloat16);
+- ``packed-bf16``: the same with ``dtype="bfloat16"`` (activations bfloat16 throughout, no casts);
+- ``dequant-f32`` / ``dequant-bf16``: ``load_model(dtype=...)``, every block dequantized at load;
+- ``llama.cpp``: ``llama_cpp.Llama(path, n_threads=T, n_threads_batch=T)`` (mmap, CPU only), from the pinned
+  ``llama-cpp-python`` the benchmark builds in its own virtualenv (``benchmarks/llamacpp_venv.py``).
+
+Per path: load-to-ready seconds (the clock around the load call only), RSS the load added (after minus
+before, ``/proc/self/statm``) and RSS added once decoding is done (llama.cpp maps the file and touches its
+pages only as it computes), peak RSS, and greedy decoding of exactly ``--tokens`` tokens (end-of-sequence
+ignored) after the same prompt token ids — SmolLM2's chat template around "What is the capital of France?",
+encoded once by loader's tokenizer and handed to every path — with the same thread count for torch
+(``torch.set_num_threads``) and llama.cpp (``n_threads``): prefill seconds (prompt forward to the first
+token) and decode tokens/s over the tokens after the first. The first words of each path's output are
+printed so a wrong answer is seen. Ratios are against ``dequant-f32`` (decode) and ``llama.cpp`` (load).
+
+Usage: ``.venv/bin/python benchmarks/bench_gguf_packed.py [--reps 3] [--tokens 32] [--threads 2] [--big]
+[--json out.json]``. Nothing is asserted: it measures and prints.
 """
 
 from __future__ import annotations
@@ -19,75 +33,186 @@ import shlex
 import statistics
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-PATHS = {"packed": "gguf", "dequantized": None}
+OUT = REPO / "benchmarks" / "out"
+QUESTION = "What is the capital of France?"
+LOADER_PATHS: dict[str, dict[str, Any]] = {
+    "packed": {"quantization": "gguf", "dtype": "float32"},
+    "packed-bf16": {"quantization": "gguf", "dtype": "bfloat16"},
+    "dequant-f32": {"quantization": None, "dtype": "float32"},
+    "dequant-bf16": {"quantization": None, "dtype": "bfloat16"},
+}
+LLAMA_CPP = "llama.cpp"
+_KEYS = ("load_s", "rss_added", "rss_after_decode", "peak_rss", "prefill_s", "decode_tok_s")
 
-_CHILD = r"""
-import json, os, resource, sys, time
-import torch
-import loader
-from loader._generation import generate_greedy, tokenizer_for
-
+_RSS = r"""
+import os, resource, time
 def rss():
     with open("/proc/self/statm") as fh:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def peak():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+"""
 
-path, quantization, tokens = sys.argv[1], (sys.argv[2] if sys.argv[2] != "-" else None), int(sys.argv[3])
-bundle = tokenizer_for(path)
+_LOADER_CHILD = _RSS + r"""
+import gc, json, sys
+import torch
+import loader
+from loader._generation import greedy_tokens
+
+path, options, prompt_ids, tokens, threads = (sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]),
+                                              int(sys.argv[4]), int(sys.argv[5]))
+torch.set_num_threads(threads)
+gc.collect()
 before = rss()
 t0 = time.perf_counter()
-model = loader.load_model(path, dtype="float32", quantization=quantization)
-seconds = time.perf_counter() - t0
+model = loader.load_model(path, **options)
+load_s = time.perf_counter() - t0
 added = rss() - before
-held = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
 t1 = time.perf_counter()
-result = generate_greedy(model, bundle, "What is the capital of France?", max_new_tokens=tokens, chat=True)
-decode = time.perf_counter() - t1
-print(json.dumps({"load_s": seconds, "rss_added": added, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-                  * 1024, "model_bytes": held, "tokens_s": tokens / decode, "answer": result.text}))
+steps = greedy_tokens(model, prompt_ids, tokens)
+out = [next(steps)]
+t2 = time.perf_counter()
+out.extend(steps)
+t3 = time.perf_counter()
+print(json.dumps({"load_s": load_s, "rss_added": added, "rss_after_decode": rss() - before, "peak_rss": peak(),
+                  "prefill_s": t2 - t1, "decode_tok_s": (len(out) - 1) / (t3 - t2), "ids": out,
+                  "threads": torch.get_num_threads()}))
+"""
+
+_LLAMA_CPP_CHILD = _RSS + r"""
+import json, sys
+import llama_cpp
+
+path, prompt_ids, tokens, threads = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+before = rss()
+t0 = time.perf_counter()
+llm = llama_cpp.Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_gpu_layers=0,
+                      n_ctx=len(prompt_ids) + tokens + 16, use_mmap=True, verbose=False)
+load_s = time.perf_counter() - t0
+added = rss() - before
+t1 = time.perf_counter()
+steps = llm.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0)
+out = [next(steps)]
+t2 = time.perf_counter()
+for token in steps:
+    out.append(token)
+    if len(out) == tokens:
+        break
+t3 = time.perf_counter()
+print(json.dumps({"load_s": load_s, "rss_added": added, "rss_after_decode": rss() - before, "peak_rss": peak(),
+                  "prefill_s": t2 - t1, "decode_tok_s": (len(out) - 1) / (t3 - t2), "ids": out,
+                  "threads": threads, "version": llama_cpp.__version__}))
 """
 
 
-def run_once(path: Path, name: str, tokens: int) -> dict[str, Any]:
+def _child(command: list[str], what: str) -> dict[str, Any]:
     env = {**os.environ, "TQDM_DISABLE": "1"}
-    done = subprocess.run([sys.executable, "-c", _CHILD, str(path), PATHS[name] or "-", str(tokens)],
-                          capture_output=True, text=True, env=env, cwd=REPO, check=False, timeout=600)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, check=False, timeout=1800)
     if done.returncode != 0:
-        raise RuntimeError(f"{name} failed: {done.stderr[-2000:]}")
+        raise RuntimeError(f"{what} failed (exit {done.returncode}): {done.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
+
+
+def run_once(name: str, path: Path, prompt_ids: list[int], tokens: int, threads: int,
+             llamacpp: Path | None) -> dict[str, Any]:
+    """One fresh process of path ``name`` on the GGUF at ``path``."""
+    ids, count, n = json.dumps(prompt_ids), str(tokens), str(threads)
+    if name == LLAMA_CPP:
+        if llamacpp is None:
+            raise ValueError("llama.cpp asked for without its virtualenv")
+        return _child([str(llamacpp), "-c", _LLAMA_CPP_CHILD, str(path), ids, count, n], name)
+    options = json.dumps(LOADER_PATHS[name])
+    return _child([sys.executable, "-c", _LOADER_CHILD, str(path), options, ids, count, n], name)
+
+
+def _median_table(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    return {name: {key: statistics.median(r[key] for r in records) for key in _KEYS} | {"ids": records[-1]["ids"]}
+            for name, records in runs.items()}
+
+
+def bench_file(label: str, path: Path, names: list[str], prompt_ids: list[int], args: argparse.Namespace,
+               llamacpp: Path | None, decode: Any) -> dict[str, Any]:
+    """Every path on one file, ``args.reps`` rounds in alternating order; prints and returns the medians."""
+    path.read_bytes()  # warm the page cache: every path then reads from memory
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for rep in range(args.reps):
+        for name in (names if rep % 2 == 0 else list(reversed(names))):
+            print(f"  {label}: rep {rep + 1}/{args.reps} {name} ...", file=sys.stderr, flush=True)
+            runs[name].append(run_once(name, path, prompt_ids, args.tokens, args.threads, llamacpp))
+    table = _median_table(runs)
+    size = path.stat().st_size
+    base_decode = table.get("dequant-f32", {}).get("decode_tok_s")
+    base_load = table.get(LLAMA_CPP, {}).get("load_s")
+    print(f"\n### {label} ({path.name}, {size / 1e6:.0f} MB), median of {args.reps}\n")
+    print("| path | load s | ÷ llama.cpp | RSS added | after decode | ÷ file | peak RSS | prefill s | decode tok/s "
+          "| ÷ dequant-f32 | output |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for name, row in table.items():
+        load_ratio = f"{row['load_s'] / base_load:.2f}x" if base_load else "—"
+        decode_ratio = f"{row['decode_tok_s'] / base_decode:.2f}x" if base_decode else "—"
+        text = decode(row["ids"])[:40].replace("|", "/").replace("\n", " ")
+        print(f"| {name} | {row['load_s']:.3f} | {load_ratio} | {row['rss_added'] / 1e6:.0f} MB "
+              f"| {row['rss_after_decode'] / 1e6:.0f} MB | {row['rss_added'] / size:.2f}x "
+              f"| {row['peak_rss'] / 1e6:.0f} MB | {row['prefill_s']:.3f} | {row['decode_tok_s']:.1f} "
+              f"| {decode_ratio} | {text!r} |")
+    sys.stdout.flush()
+    return {"file": str(path), "bytes": size, "runs": runs, "median": table}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--tokens", type=int, default=20)
-    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--tokens", type=int, default=32, help="tokens to decode (EOS ignored)")
+    parser.add_argument("--big-tokens", type=int, default=16, help="tokens to decode on the 1 GB-class files")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads = llama.cpp n_threads")
+    parser.add_argument("--paths", default=",".join([*LOADER_PATHS, LLAMA_CPP]),
+                        help="comma-separated subset of: " + ", ".join([*LOADER_PATHS, LLAMA_CPP]))
+    parser.add_argument("--big", action="store_true", help="also the 1 GB-class Q4_0 and Q4_K Llamas")
+    parser.add_argument("--json", type=Path, help="also write every run here")
     args = parser.parse_args(argv)
+    names = [name.strip() for name in args.paths.split(",") if name.strip()]
+    unknown = sorted(set(names) - {*LOADER_PATHS, LLAMA_CPP})
+    if unknown:
+        parser.error(f"unknown paths {unknown}")
+
     sys.path.insert(0, str(REPO / "scripts"))
+    sys.path.insert(0, str(REPO))
     from fetch_smollm2 import fetch_smollm2
 
-    path = Path(fetch_smollm2())
-    path.read_bytes()  # warm the page cache
+    from benchmarks.llamacpp_venv import LLAMA_CPP_PYTHON, llamacpp_python
+    from loader._generation import encode_prompt, tokenizer_for
+
+    smollm2 = Path(fetch_smollm2())
+    llamacpp = llamacpp_python() if LLAMA_CPP in names else None
+    bundle = tokenizer_for(str(smollm2))
+    prompt_ids = encode_prompt(bundle, QUESTION, chat=True)
+
+    def decode(ids: list[int]) -> str:
+        return str(bundle.tokenizer.decode(ids, skip_special_tokens=True))
+
     print("$ " + shlex.join([Path(sys.executable).name, *sys.argv]))
-    print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}, file {path.stat().st_size / 1e6:.0f} MB")
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in PATHS}
-    for rep in range(args.reps):
-        for name in (list(PATHS) if rep % 2 == 0 else list(reversed(PATHS))):
-            runs[name].append(run_once(path, name, args.tokens))
-    table = {name: {key: statistics.median(r[key] for r in records)
-                    for key in ("load_s", "rss_added", "peak_rss", "model_bytes", "tokens_s")}
-             | {"answer": records[-1]["answer"]} for name, records in runs.items()}
-    print(f"\nmedian of {args.reps} fresh processes:")
-    print(f"{'path':12s} {'load s':>7s} {'RSS added':>10s} {'peak RSS':>9s} {'model':>8s} {'tok/s':>6s}  answer")
-    for name, row in table.items():
-        print(f"{name:12s} {row['load_s']:7.3f} {row['rss_added'] / 1e6:8.0f}MB {row['peak_rss'] / 1e6:7.0f}MB "
-              f"{row['model_bytes'] / 1e6:6.0f}MB {row['tokens_s']:6.1f}  {row['answer']!r}")
+    print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs, threads {args.threads}, "
+          f"load average {os.getloadavg()[0]:.1f} at start, {LLAMA_CPP_PYTHON if llamacpp else 'no llama.cpp'}, "
+          f"prompt {len(prompt_ids)} tokens, decode {args.tokens} tokens ({args.big_tokens} on the 1 GB files)")
+    results = {"smollm2": bench_file("SmolLM2-135M-Instruct Q4_1", smollm2, names, prompt_ids, args, llamacpp,
+                                     decode)}
+    if args.big:
+        from benchmarks.gguf_checkpoints import QTYPES, ensure_gguf_llama
+
+        big = argparse.Namespace(**{**vars(args), "tokens": args.big_tokens})
+        for qtype in QTYPES:
+            path = ensure_gguf_llama(OUT, qtype, smollm2)
+            results[qtype] = bench_file(f"1 GB-class random Llama {qtype}", path, names, prompt_ids, big, llamacpp,
+                                        decode)
+    print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
     if args.json:
-        args.json.write_text(json.dumps({"runs": runs, "median": table}, indent=2))
+        args.json.write_text(json.dumps(results, indent=2))
     return 0
 
 

@@ -109,3 +109,52 @@ def test_bad_head_counts_are_rejected():
         Attention(6, DIM, 4)
     with pytest.raises(ValueError, match="sliding_window must be positive"):
         Attention(4, DIM, 2, sliding_window=0)
+
+
+def _cat_cache_reference(steps):  # type: ignore[no-untyped-def]
+    """What appending with ``torch.cat`` (the cache before preallocation) holds after ``steps``."""
+    k = torch.cat([s[0] for s in steps], dim=-2)
+    v = torch.cat([s[1] for s in steps], dim=-2)
+    return k, v
+
+
+def test_cache_grows_past_its_buffer_and_keeps_every_position():
+    cache = KVCache(1)
+    gen = torch.Generator().manual_seed(3)
+    steps = [(torch.randn(1, 2, n, 8, generator=gen), torch.randn(1, 2, n, 8, generator=gen))
+             for n in (KVCache.BLOCK - 3, 1, 1, 1, 5, 1, KVCache.BLOCK + 7, 1)]
+    capacities = []
+    for i, (k, v) in enumerate(steps):
+        all_k, all_v = cache.update(0, k, v)
+        ref_k, ref_v = _cat_cache_reference(steps[:i + 1])
+        assert torch.equal(all_k, ref_k) and torch.equal(all_v, ref_v)
+        capacities.append(cache._buffers[0][0].shape[-2])  # type: ignore[index]
+    assert capacities[0] == KVCache.BLOCK  # room for the decode steps after the prompt
+    assert capacities[-1] >= cache.seq_len and len(set(capacities)) == 3  # doubled, then grown to fit
+
+
+def test_cache_follows_a_new_dtype_and_batch():
+    cache = KVCache(1)
+    cache.update(0, torch.ones(1, 2, 3, 8), torch.ones(1, 2, 3, 8))
+    all_k, _ = cache.update(0, torch.full((1, 2, 1, 8), 2.0, dtype=torch.float64),
+                            torch.zeros(1, 2, 1, 8, dtype=torch.float64))
+    assert all_k.dtype == torch.float64 and all_k[0, 0, :, 0].tolist() == [1.0, 1.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize(("num_queries", "window"), [(6, None), (1, None), (2, None), (1, 3), (6, 3)])
+def test_grouped_heads_are_bit_equal_to_repeated_kv(num_queries, window):
+    """SDPA's own GQA (``enable_gqa``) gives exactly what repeating K/V to every query head gave."""
+    import torch.nn.functional as F
+
+    q, k, v = _qkv(6)
+    q = q[:, :, -num_queries:]
+    attn = Attention(HEADS, DIM, KV_HEADS, sliding_window=window)
+    ours = attn(q, k, v)
+    groups = HEADS // KV_HEADS
+    rk, rv = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    if window is None and num_queries in (1, 6):
+        ref = F.scaled_dot_product_attention(q, rk, rv, is_causal=num_queries > 1, scale=attn.scaling)
+    else:
+        mask = attention_mask(num_queries, 6, window, q.device)
+        ref = F.scaled_dot_product_attention(q, rk, rv, attn_mask=mask, scale=attn.scaling)
+    assert torch.equal(ours, ref.transpose(1, 2).reshape(ours.shape))

@@ -126,3 +126,43 @@ def test_missing_scaling_fields_are_named():
     with pytest.raises(UnsupportedError, match=r"'llama3' lacks low_freq_factor, high_freq_factor"):
         get_rope(HEAD_DIM, MAX_POS, THETA, {"rope_type": "llama3", "factor": 8.0,
                                             "original_max_position_embeddings": 8})
+
+
+def _rotate_half_reference(rope, positions, x):  # type: ignore[no-untyped-def]
+    """The rotation as written before tables were shared: ``x * cos + rotate_half(x) * sin``."""
+    cos, sin = rope.cos_sin(positions, x.dtype)
+    if positions.ndim == 2:
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    rot, rest = x[..., :rope.rotary_dim], x[..., rope.rotary_dim:]
+    half = rope.rotary_dim // 2
+    rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
+    return torch.cat(((rot * cos) + (rotated * sin), rest), dim=-1)
+
+
+@pytest.mark.parametrize("rotary_dim", [HEAD_DIM, HEAD_DIM // 2])
+@pytest.mark.parametrize("scaling", list(SCALINGS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotation_is_bit_equal_to_rotate_half(rotary_dim, scaling, dtype):  # type: ignore[no-untyped-def]
+    rope = get_rope(HEAD_DIM, MAX_POS, THETA, SCALINGS[scaling], rotary_dim=rotary_dim)
+    gen = torch.Generator().manual_seed(5)
+    for positions in (torch.arange(7), torch.arange(3, 5).unsqueeze(0), torch.tensor([40])):
+        q = torch.randn(1, 3, positions.shape[-1], HEAD_DIM, generator=gen).to(dtype)
+        k = torch.randn(1, 1, positions.shape[-1], HEAD_DIM, generator=gen).to(dtype)
+        ours_q, ours_k = rope(positions, q, k)
+        assert torch.equal(ours_q, _rotate_half_reference(rope, positions, q))
+        assert torch.equal(ours_k, _rotate_half_reference(rope, positions, k))
+
+
+def test_layers_share_tables_only_with_equal_settings():
+    positions = torch.arange(4)
+    q = torch.randn(1, 2, 4, HEAD_DIM)
+    first, same, other = (get_rope(HEAD_DIM, MAX_POS, base, None) for base in (THETA, THETA, 10000.0))
+    a, _ = first(positions, q, q)
+    b, _ = same(positions, q, q)
+    c, _ = other(positions, q, q)  # same positions tensor, different base: must not reuse the tables
+    assert torch.equal(a, b)
+    assert torch.equal(c, _rotate_half_reference(other, positions, q))
+    assert not torch.equal(a, c)
+    later = torch.arange(4, 8)  # a new positions tensor (the next forward) is never served old tables
+    d, _ = same(later, q, q)
+    assert torch.equal(d, _rotate_half_reference(same, later, q))

@@ -72,7 +72,36 @@ def test_cli_generate_json(checkpoint) -> None:  # type: ignore[no-untyped-def]
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert 1 <= len(data["output_ids"]) <= 4
+    assert data["generated_tokens"] == len(data["output_ids"])
+    assert data["prompt_tokens"] == 7
     assert data["load"]["architecture"] == "LlamaForCausalLM"
+    assert data["prefill_seconds"] > 0
+    assert data["threads"] >= 1
+    if data["generated_tokens"] > 1:
+        rate = (data["generated_tokens"] - 1) / data["decode_seconds"]
+        assert data["decode_tokens_per_second"] == pytest.approx(rate, rel=1e-2)
+    else:
+        assert data["decode_tokens_per_second"] is None
+
+
+def test_generation_result_times_the_prefill_apart(checkpoint) -> None:  # type: ignore[no-untyped-def]
+    path, _ = checkpoint
+    model = loader.load_model(str(path), dtype="float32")
+    result = generate_greedy(model, _bundle(path), "w10 w11 w12", max_new_tokens=6)
+    assert 0 < result.prefill_seconds <= result.seconds
+    assert result.decode_seconds == pytest.approx(result.seconds - result.prefill_seconds)
+    if len(result.output_ids) > 1:
+        assert result.decode_tokens_per_second == pytest.approx((len(result.output_ids) - 1) / result.decode_seconds)
+
+
+def test_decode_rate_is_none_without_a_second_token() -> None:
+    from loader._generation import GenerationResult
+
+    one = GenerationResult((1, 2), (3,), "x", seconds=0.5, prefill_seconds=0.5)
+    assert one.decode_tokens_per_second is None
+    assert one.tokens_per_second == 2.0
+    three = GenerationResult((1, 2), (3, 4, 5), "x", seconds=1.5, prefill_seconds=0.5)
+    assert three.decode_tokens_per_second == 2.0
 
 
 def test_cli_generate_chat_without_template_is_one_line(tmp_path: Path) -> None:

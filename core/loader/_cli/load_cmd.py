@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING, Any
 
 from .layer_kernels import kernel_summary_lines
 from .output import format_bytes, print_json
 
-__all__ = ["parse_format_options", "run_generate", "run_load"]
+if TYPE_CHECKING:
+    from .._generation import GenerationResult
+
+__all__ = ["generation_json", "parse_format_options", "run_generate", "run_load"]
 
 
 def parse_format_options(pairs: list[str]) -> dict[str, str]:
@@ -72,9 +76,31 @@ def run_generate(args: argparse.Namespace) -> int:
     result = generate_greedy(model, bundle, args.prompt, max_new_tokens=args.max_new_tokens, chat=args.chat,
                              system=args.system)
     if args.json:
-        print_json({"text": result.text, "prompt_tokens": len(result.prompt_ids),
-                    "output_ids": list(result.output_ids), "load": report.to_json(),
-                    "tokens_per_second": round(result.tokens_per_second, 2)})
+        print_json(generation_json(result, report.to_json()))
         return 0
     print(result.text.strip())
     return 0
+
+
+def generation_json(result: GenerationResult, load: dict[str, Any]) -> dict[str, Any]:
+    """``loader generate --json``: the text, token counts and the two phases' timings, then the load report.
+
+    The decode rate counts only the tokens after the first (each one narrow forward), so it compares with
+    llama.cpp's "eval" rate; the prefill (the prompt's forward, which chose the first token) is reported in
+    seconds. ``threads`` is torch's intra-op thread count the forwards ran with.
+    """
+    import torch
+
+    decode_rate = result.decode_tokens_per_second
+    return {
+        "text": result.text,
+        "prompt_tokens": len(result.prompt_ids),
+        "generated_tokens": len(result.output_ids),
+        "output_ids": list(result.output_ids),
+        "prefill_seconds": round(result.prefill_seconds, 6),
+        "decode_seconds": round(result.decode_seconds, 6),
+        "decode_tokens_per_second": None if decode_rate is None else round(decode_rate, 2),
+        "tokens_per_second": round(result.tokens_per_second, 2),
+        "threads": torch.get_num_threads(),
+        "load": load,
+    }

@@ -19,12 +19,21 @@ class KVCache:
 
     One per generation: create it with ``KVCache(num_layers)`` and pass it to
     every forward; each layer's :class:`Attention` appends its step.
+
+    Each layer's positions live in a buffer with room to spare (the first
+    step's length rounded up to :attr:`BLOCK` positions, doubled when full), so
+    a decode step writes its one position in place; ``keys``/``values`` hold
+    views of the filled part. Appending by ``torch.cat`` copied the whole cache
+    of every layer on every token.
     """
+
+    BLOCK = 256
 
     def __init__(self, num_layers: int) -> None:
         self.num_layers = num_layers
         self.keys: list[torch.Tensor | None] = [None] * num_layers
         self.values: list[torch.Tensor | None] = [None] * num_layers
+        self._buffers: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_layers
 
     def layer_len(self, layer_idx: int) -> int:
         """Positions already cached for ``layer_idx``."""
@@ -38,17 +47,42 @@ class KVCache:
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append this step's ``k``/``v`` for ``layer_idx``; return all cached keys and values."""
-        old_k, old_v = self.keys[layer_idx], self.values[layer_idx]
-        if old_k is not None and old_v is not None:
-            k = torch.cat((old_k, k), dim=-2)
-            v = torch.cat((old_v, v), dim=-2)
+        start = self.layer_len(layer_idx)
+        end = start + int(k.shape[-2])
+        key_buffer, value_buffer = self._room(layer_idx, k, v, start, end)
+        key_buffer[..., start:end, :].copy_(k)
+        value_buffer[..., start:end, :].copy_(v)
+        k, v = key_buffer[..., :end, :], value_buffer[..., :end, :]
         self.keys[layer_idx], self.values[layer_idx] = k, v
         return k, v
+
+    def _room(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor, start: int,
+              end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's buffers, reallocated (keeping ``[:start]``) when they cannot take ``end`` positions."""
+        buffers = self._buffers[layer_idx]
+        if buffers is not None:
+            key_buffer, value_buffer = buffers
+            if (end <= key_buffer.shape[-2] and key_buffer.shape[:-2] == k.shape[:-2]
+                    and value_buffer.shape[:-2] == v.shape[:-2] and key_buffer.dtype == k.dtype
+                    and value_buffer.dtype == v.dtype and key_buffer.device == k.device):
+                return key_buffer, value_buffer
+        capacity = -(-end // self.BLOCK) * self.BLOCK
+        if buffers is not None:
+            capacity = max(capacity, 2 * buffers[0].shape[-2])
+        key_buffer = k.new_empty((*k.shape[:-2], capacity, k.shape[-1]))
+        value_buffer = v.new_empty((*v.shape[:-2], capacity, v.shape[-1]))
+        old_k, old_v = self.keys[layer_idx], self.values[layer_idx]
+        if start and old_k is not None and old_v is not None:
+            key_buffer[..., :start, :].copy_(old_k)
+            value_buffer[..., :start, :].copy_(old_v)
+        self._buffers[layer_idx] = (key_buffer, value_buffer)
+        return key_buffer, value_buffer
 
     def reset(self) -> None:
         """Forget everything (start a new sequence)."""
         self.keys = [None] * self.num_layers
         self.values = [None] * self.num_layers
+        self._buffers = [None] * self.num_layers
 
 
 def attention_mask(
@@ -107,18 +141,18 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
         num_keys = k.shape[-2]
-        groups = self.num_heads // self.num_kv_heads
-        if groups > 1:
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
+        # SDPA reads each KV head for its group of query heads itself (the same sums, bit for bit, as
+        # repeating K and V first, without the two copies per layer and step).
+        gqa = self.num_heads != self.num_kv_heads
         window_cuts = self.sliding_window is not None and self.sliding_window < num_keys
         if num_queries == num_keys and not window_cuts:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=num_queries > 1, scale=self.scaling)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=num_queries > 1, scale=self.scaling,
+                                                 enable_gqa=gqa)
         elif num_queries == 1 and not window_cuts:
-            out = F.scaled_dot_product_attention(q, k, v, scale=self.scaling)
+            out = F.scaled_dot_product_attention(q, k, v, scale=self.scaling, enable_gqa=gqa)
         else:
             mask = attention_mask(num_queries, num_keys, self.sliding_window, q.device)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling, enable_gqa=gqa)
         return out.transpose(1, 2).reshape(batch, num_queries, self.num_heads * self.head_dim)
 
     def extra_repr(self) -> str:

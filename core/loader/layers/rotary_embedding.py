@@ -49,9 +49,9 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: Mapping[str, Any]) -> torc
     return torch.where(medium, smoothed, scaled)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+_SHARED_TABLES: dict[tuple[object, ...], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+"""Per rotary setting and dtype: the last positions tensor rotated by, its cos and signed sin. The static
+frequencies depend on the settings alone, so modules with equal settings may share them."""
 
 
 class RotaryEmbedding(nn.Module):
@@ -131,19 +131,45 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
+    def _tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos`` and the half-negated ``sin`` for ``positions``, shared by the layers of one forward.
+
+        Every decoder layer has its own rotary module but rotates by the same ``positions`` tensor, so the
+        first layer's tables are kept (keyed on that very tensor object and this module's settings) and the
+        others reuse them: per token this saves ~7 small ops in each layer. ``sin``'s first half is negated
+        so that :meth:`_rotate` needs no ``rotate_half`` (``cat(-x2, x1) * sin`` is ``roll(x) * signed_sin``
+        element for element: ``-x2 * s == x2 * -s`` exactly, so results are bit-equal). Dynamic NTK
+        derives its frequencies from the positions and is never shared.
+        """
+        key = (self.head_size, self.rotary_dim, self.base, self.scaling_type, repr(sorted(self.scaling.items())),
+               dtype)
+        shared = _SHARED_TABLES.get(key) if self.scaling_type != "dynamic" else None
+        if shared is not None and shared[0] is positions:
+            return shared[1], shared[2]
+        cos, sin = self.cos_sin(positions, dtype)
+        half = self.rotary_dim // 2
+        signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        if positions.ndim == 2:  # [batch, seq, d] -> [batch, 1, seq, d] to broadcast over heads
+            cos, signed_sin = cos.unsqueeze(1), signed_sin.unsqueeze(1)
+        if self.scaling_type != "dynamic":
+            _SHARED_TABLES[key] = (positions, cos, signed_sin)
+        return cos, signed_sin
+
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self.cos_sin(positions, q.dtype)
-        if positions.ndim == 2:  # [batch, seq, d] -> [batch, 1, seq, d] to broadcast over heads
-            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        return self._rotate(q, cos, sin), self._rotate(k, cos.to(k.dtype), sin.to(k.dtype))
+        cos, sin = self._tables(positions, q.dtype)
+        if k.dtype != q.dtype:
+            return self._rotate(q, cos, sin), self._rotate(k, *self._tables(positions, k.dtype))
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+        """``x * cos + rotate_half(x) * sin``, as ``x * cos + roll(x, half) * signed_sin``."""
+        half = self.rotary_dim // 2
         if self.rotary_dim == self.head_size:
-            return (x * cos) + (_rotate_half(x) * sin)
+            return (x * cos) + (x.roll(half, dims=-1) * signed_sin)
         rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
-        return torch.cat(((rot * cos) + (_rotate_half(rot) * sin), rest), dim=-1)
+        return torch.cat(((rot * cos) + (rot.roll(half, dims=-1) * signed_sin), rest), dim=-1)
 
     def extra_repr(self) -> str:
         return (
