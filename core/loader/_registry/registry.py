@@ -96,8 +96,8 @@ class ModelRegistry:
     def cache(self) -> ProbeCache:
         """The disk cache of probed info, made on first use.
 
-        Its default folder comes from ``platformdirs``, which costs a load about 0.35 MiB of
-        resident memory to import; a load never reads probed info, so it never pays that.
+        Its default folder comes from ``platformdirs``, whose import holds about 0.35 MiB of Python
+        objects (tracemalloc); a load never reads probed info, so it never pays that.
         """
         with self._lock:
             if self._cache is None:
