@@ -22,9 +22,11 @@ _READER = "hub_files"
 
 @hookimpl(tryfirst=True)
 def loader_detect_format(source: Source, requested: str) -> WeightFormat | None:
+    reader = source.reader
+    if reader is None:  # a local source: not ours, and no reason to import the Hub reader
+        return None
     from .._sources.hub_files import HubFiles
 
-    reader = source.reader
     if not isinstance(reader, HubFiles) or requested not in ("auto", "safetensors"):
         return None
     files = reader.list_files()
@@ -38,9 +40,11 @@ def loader_detect_format(source: Source, requested: str) -> WeightFormat | None:
 
 @hookimpl(tryfirst=True)
 def loader_iter_weights(source: Source, weight_format: WeightFormat, stats: ReadStats) -> WeightStream | None:
+    reader = weight_format.extra.get(_READER)
+    if reader is None:
+        return None
     from .._sources.hub_files import HubFiles
 
-    reader = weight_format.extra.get(_READER)
     if not isinstance(reader, HubFiles):
         return None
     names = [source.relative_name(f) or f for f in weight_format.files]

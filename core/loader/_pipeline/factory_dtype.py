@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from .meta_init import meta_initializer_target
+
 __all__ = ["factory_dtype"]
 
 # Factories whose floating result takes torch's default dtype when no dtype is given.
@@ -35,6 +37,9 @@ class _FactoryDtype(TorchFunctionMode):
     def __torch_function__(self, func: Callable[..., Any], types: Sequence[type], args: Sequence[Any] = (),
                            kwargs: Mapping[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
+        skipped = meta_initializer_target(func, args, kwargs)
+        if skipped is not None:
+            return skipped  # what the initialiser returns: its tensor, which on 'meta' holds nothing to fill
         if kwargs.get("dtype") is not None or (func not in _DEFAULTED and func not in _INFERRED):
             return func(*args, **kwargs)  # every other torch call of the build passes straight through
         if func in _DEFAULTED:

@@ -82,7 +82,7 @@ class ModelChoice:
 class ModelRegistry:
     """Registered architectures of one plugin host, their classes once loaded, their probed info."""
 
-    cache: ProbeCache = attrs.field(factory=ProbeCache)
+    _cache: ProbeCache | None = attrs.field(default=None, alias="cache")
     overrides: frozenset[str] = attrs.field(factory=override_setting)
     _conflicts: dict[str, tuple[RegisteredModel, ...]] = attrs.field(factory=dict, init=False)
     _entries: dict[str, RegisteredModel] = attrs.field(factory=dict, init=False)
@@ -91,6 +91,18 @@ class ModelRegistry:
     _classes: dict[str, type] = attrs.field(factory=dict, init=False)
     _infos: dict[str, ModelInfo] = attrs.field(factory=dict, init=False)
     _lock: threading.RLock = attrs.field(factory=threading.RLock, init=False, repr=False)
+
+    @property
+    def cache(self) -> ProbeCache:
+        """The disk cache of probed info, made on first use.
+
+        Its default folder comes from ``platformdirs``, whose import holds about 0.35 MiB of Python
+        objects (tracemalloc); a load never reads probed info, so it never pays that.
+        """
+        with self._lock:
+            if self._cache is None:
+                self._cache = ProbeCache()
+            return self._cache
 
     @classmethod
     def from_host(cls, host: PluginHost | None = None, *, cache: ProbeCache | None = None) -> ModelRegistry:

@@ -1,12 +1,39 @@
-"""loader plugin: ``s3://`` checkpoints and local streaming through the Run:ai Model Streamer."""
+"""loader plugin: ``s3://`` checkpoints and local streaming through the Run:ai Model Streamer.
 
-from .detection import FORMATS, RUNAI, RUNAI_SHARDED
-from .errors import ObjectChangedError, StorageAccessError
-from .object_store import ObjectInfo, ObjectStore
-from .s3_folder import S3Folder
-from .settings import StreamerSettings
-from .tensor import StreamedTensor, StreamSlot
-from .uri import ObjectUri, parse_object_uri
+Every name is imported on first use (PEP 562): loader imports this package to reach
+:mod:`.plugin` in every process that discovers plugins, and a load that streams nothing
+should not hold the object store's code.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .errors import ObjectChangedError, StorageAccessError
+    from .formats import FORMATS, RUNAI, RUNAI_SHARDED
+    from .object_store import ObjectInfo, ObjectStore
+    from .s3_folder import S3Folder
+    from .settings import StreamerSettings
+    from .tensor import StreamedTensor, StreamSlot
+    from .uri import ObjectUri, parse_object_uri
+
+_EXPORTS = {
+    "FORMATS": "formats",
+    "RUNAI": "formats",
+    "RUNAI_SHARDED": "formats",
+    "ObjectChangedError": "errors",
+    "StorageAccessError": "errors",
+    "ObjectInfo": "object_store",
+    "ObjectStore": "object_store",
+    "S3Folder": "s3_folder",
+    "StreamerSettings": "settings",
+    "StreamSlot": "tensor",
+    "StreamedTensor": "tensor",
+    "ObjectUri": "uri",
+    "parse_object_uri": "uri",
+}
 
 __all__ = [
     "FORMATS",
@@ -23,3 +50,12 @@ __all__ = [
     "StreamerSettings",
     "parse_object_uri",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

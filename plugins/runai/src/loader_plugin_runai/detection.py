@@ -18,15 +18,13 @@ from pathlib import Path
 from loader.checkpoint import MAX_JSON_BYTES, Source, WeightFormat
 from loader.errors import SourceNotFoundError
 
+from .formats import FORMATS, RUNAI, RUNAI_SHARDED
 from .identity import local_snapshot, object_snapshot
 from .s3_folder import S3Folder
 from .sharded import MARKER, rank_part_names
 
 __all__ = ["FORMATS", "RUNAI", "RUNAI_SHARDED", "detect_local", "detect_remote"]
 
-RUNAI = "runai_streamer"
-RUNAI_SHARDED = "runai_streamer_sharded"
-FORMATS = (RUNAI, RUNAI_SHARDED)
 SUFFIX = ".safetensors"
 STANDARD_INDEX = "model.safetensors.index.json"
 

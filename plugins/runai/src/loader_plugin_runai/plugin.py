@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from loader.hookspecs import hookimpl
 
-from .detection import FORMATS, detect_local, detect_remote
-from .uri import is_object_uri, parse_object_uri
+from .formats import FORMATS
+from .uri import is_object_uri
 
 if TYPE_CHECKING:
     from loader.checkpoint import LoadOptions, Source, WeightFormat
@@ -31,6 +31,7 @@ def loader_resolve_source(location: str, options: LoadOptions) -> Source | None:
     from loader.checkpoint import Source
 
     from .s3_folder import S3Folder
+    from .uri import parse_object_uri
 
     folder = S3Folder(parse_object_uri(location))
     return Source(location=location, path=None, uri=str(folder.uri), revision=options.revision, reader=folder)
@@ -44,7 +45,13 @@ def loader_detect_format(source: Source, requested: str) -> WeightFormat | None:
     session = current_session()
     rank, size = session.tp_rank, session.tp_size
     if _remote(source):
+        from .detection import detect_remote
+
         return detect_remote(source, requested, rank, size)
+    if source.path is None or requested not in FORMATS:
+        return None  # locally, only a load that asks for a streamer format by name (detect_local's first test)
+    from .detection import detect_local
+
     return detect_local(source, requested, rank, size)
 
 
