@@ -27,3 +27,14 @@ def test_the_int4_wrapper_takes_any_affine_4bit_weight_and_explains_what_it_refu
         pack_int4(codes, d[:3], m[:3], 32)
     with pytest.raises(ValueError, match="packed int4 layout cannot be dequantized"):
         packed.dequantize()
+
+
+@pytest.mark.parametrize("n", [16, 48, 64, 80, 144, 256])
+def test_the_byte_level_packing_gives_torch_s_own_int4_layout(n):
+    """pack_int4 builds torch's layout with byte operations; it must equal the op's bytes for every N % 64."""
+    from loader.layers.int4_cpu import _int4pack_bytes, _torch_layout_is_known
+
+    assert _torch_layout_is_known()
+    codes = torch.randint(0, 16, (96, n), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))  # [K, N]
+    expected = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.t().to(torch.int32).contiguous(), 1)
+    assert torch.equal(_int4pack_bytes(codes.t()), expected)

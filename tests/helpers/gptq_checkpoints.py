@@ -27,6 +27,7 @@ symmetric 4-bit v1, scales F16 ``[groups, out]``, ``g_idx`` I32 ``[in]``).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -122,29 +123,40 @@ def input_seed(module: str) -> int:
 
 
 def gptq_quantization_config(bits: int, group_size: int, *, sym: bool, desc_act: bool,
-                             checkpoint_format: str = "gptq") -> dict[str, Any]:
+                             checkpoint_format: str = "gptq", lm_head: bool = False) -> dict[str, Any]:
     return {"quant_method": "gptq", "bits": bits, "group_size": group_size, "desc_act": desc_act, "sym": sym,
-            "checkpoint_format": checkpoint_format, "lm_head": False}
+            "checkpoint_format": checkpoint_format, "lm_head": lm_head}
 
 
 def save_gptq_checkpoint(
     family: str, path: Path, *, bits: int = 4, group_size: int = 32, sym: bool = True, desc_act: bool = False,
-    checkpoint_format: str = "gptq", seed: int = 0, **overrides: Any,
+    checkpoint_format: str = "gptq", seed: int = 0, lm_head: bool = False,
+    dynamic: dict[str, dict[str, Any]] | None = None, **overrides: Any,
 ) -> tuple[Path, Any]:
     """Quantize a random ``family`` model's decoder linears into a GPTQ checkpoint at ``path``.
+
+    ``lm_head``: quantize the (untied) output head too, declared as GPTQModel does (``lm_head: true``).
+    ``dynamic``: GPTQModel's per-module rules (``{"lm_head": {"bits": 8, ...}}``; ``re.match`` on the module
+    name, first match wins), applied when packing and written to the config.
 
     Returns ``(path, reference)``: ``reference`` is the ``transformers`` model
     whose linear weights are replaced by their dequantized values, the model
     whose logits a correct load reproduces.
     """
     quantization_config = gptq_quantization_config(bits, group_size, sym=sym, desc_act=desc_act,
-                                                    checkpoint_format=checkpoint_format)
+                                                    checkpoint_format=checkpoint_format, lm_head=lm_head)
+
+    if dynamic:
+        quantization_config["dynamic"] = dynamic
 
     def pack(weight: torch.Tensor, module: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        q = quantize(weight, bits, group_size, sym=sym, act_order=desc_act, seed=input_seed(module))
+        rule = next((rule for key, rule in (dynamic or {}).items() if re.match(key.removeprefix("+:"), module)), {})
+        q = quantize(weight, rule.get("bits", bits), rule.get("group_size", group_size), sym=rule.get("sym", sym),
+                     act_order=rule.get("desc_act", desc_act), seed=input_seed(module))
         return pack_gptq(q, checkpoint_format=checkpoint_format), dequantize(q)
 
-    return save_packed_checkpoint(family, path, quantization_config, pack, seed=seed, **overrides)
+    return save_packed_checkpoint(family, path, quantization_config, pack, seed=seed,
+                                  packed_modules=(*LINEARS, "lm_head") if lm_head else LINEARS, **overrides)
 
 
 Packer = Callable[[torch.Tensor, str], tuple[dict[str, torch.Tensor], torch.Tensor]]
@@ -152,12 +164,14 @@ Packer = Callable[[torch.Tensor, str], tuple[dict[str, torch.Tensor], torch.Tens
 
 
 def save_packed_checkpoint(family: str, path: Path, quantization_config: dict[str, Any], pack: Packer, *,
-                           keep_dense: tuple[str, ...] = (), seed: int = 0, **overrides: Any) -> tuple[Path, Any]:
+                           keep_dense: tuple[str, ...] = (), seed: int = 0, packed_modules: tuple[str, ...] = LINEARS,
+                           **overrides: Any) -> tuple[Path, Any]:
     """Write a random ``family`` model with its decoder linears packed by ``pack``; return it with the reference.
 
     The reference is the ``transformers`` model whose packed linears hold
     their dequantized weights. ``keep_dense``: module names (e.g.
-    ``model.layers.0.self_attn.q_proj``) stored as float weights.
+    ``model.layers.0.self_attn.q_proj``) stored as float weights. ``packed_modules``: the
+    module names (last component) to pack; ``lm_head`` may be among them.
     """
     from safetensors.torch import save_file
 
@@ -166,7 +180,7 @@ def save_packed_checkpoint(family: str, path: Path, quantization_config: dict[st
     tensors: dict[str, torch.Tensor] = {}
     for name, param in model.state_dict().items():
         module, _, leaf = name.rpartition(".")
-        if leaf == "weight" and module.rpartition(".")[2] in LINEARS and module not in keep_dense:
+        if leaf == "weight" and module.rpartition(".")[2] in packed_modules and module not in keep_dense:
             packed, dequantized = pack(param, module)
             for key, value in packed.items():
                 tensors[f"{module}.{key}"] = value

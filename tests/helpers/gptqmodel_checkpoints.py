@@ -30,8 +30,9 @@ def calibration(vocab_size: int, count: int = 16, length: int = 48, seed: int = 
 
 
 def save_gptqmodel_checkpoint(family: str, path: Path, *, bits: int = 4, group_size: int = 128, sym: bool = True,
-                              desc_act: bool = False, seed: int = 0, **overrides: Any) -> Path:
-    """Write a random dense ``family`` model to ``path/dense`` and GPTQModel's quantization of it to ``path/gptq``."""
+                              desc_act: bool = False, seed: int = 0, lm_head: bool = False, **overrides: Any) -> Path:
+    """Write a random dense ``family`` model to ``path/dense`` and GPTQModel's quantization of it to ``path/gptq``
+    (``lm_head``: quantize the output head too, GPTQModel's ``QuantizeConfig(lm_head=True)``)."""
     os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")
     from gptqmodel import GPTQModel, QuantizeConfig
 
@@ -42,7 +43,7 @@ def save_gptqmodel_checkpoint(family: str, path: Path, *, bits: int = 4, group_s
     # name a pad token, or GPTQModel's tokenizer wrapper adds one past the vocabulary for Qwen2
     tokenizer_config = json.loads((dense / "tokenizer_config.json").read_text())
     (dense / "tokenizer_config.json").write_text(json.dumps({**tokenizer_config, "pad_token": "<unk>"}))
-    quant = QuantizeConfig(bits=bits, group_size=group_size, sym=sym, desc_act=desc_act)
+    quant = QuantizeConfig(bits=bits, group_size=group_size, sym=sym, desc_act=desc_act, lm_head=lm_head)
     out = path / "gptq"
     with contextlib.chdir(path):  # GPTQModel writes a logs/ folder into the working directory
         model = GPTQModel.load(str(dense), quant, device="cpu")
@@ -80,3 +81,51 @@ def reference_from_gptqmodel(path: Path, dense: Path, weights: dict[str, torch.T
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and all(name == "lm_head.weight" for name in missing), (missing, unexpected)
     return model.eval()
+
+
+CALIBRATION_TEXT = (
+    "The river runs through the old town, past the market square and the stone bridge built three centuries ago.",
+    "To make bread, mix flour, water, salt and yeast, knead the dough for ten minutes and let it rise until doubled.",
+    "Photosynthesis lets plants turn sunlight, water and carbon dioxide into sugar, releasing oxygen as they do.",
+    "Paris is the capital of France, Berlin is the capital of Germany, and Madrid is the capital of Spain.",
+    "A function that calls itself is recursive; every recursion needs a base case or it never stops.",
+    "The committee met on Tuesday to review the budget and agreed to postpone the decision until next month.",
+    "Water boils at one hundred degrees Celsius at sea level, but at a lower temperature high in the mountains.",
+    "She opened the window, listened to the rain on the roof, and decided that the letter could wait until morning.",
+)
+
+
+def save_gptqmodel_from_gguf(gguf_file: Path, path: Path, *, group_size: int = 128, desc_act: bool = True) -> Path:
+    """A real model for GPTQModel: ``gguf_file`` dequantized by transformers' GGUF loader into a float checkpoint
+    at ``path/dense`` (with its tokenizer), then 4-bit quantized by GPTQModel on the CPU, calibrated on a few real
+    sentences in the model's chat template, into ``path/gptq``."""
+    os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")
+    import transformers
+    from gptqmodel import GPTQModel, QuantizeConfig
+
+    dense = path / "dense"
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
+    from_gguf = transformers.AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name,
+                                                                  dtype=torch.float32)
+    # transformers will not save a model it loaded from GGUF: move its (dequantized) weights into a plain one
+    config = from_gguf.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(from_gguf.state_dict())
+    model.save_pretrained(dense)
+    del from_gguf
+    tokenizer.save_pretrained(dense)
+    samples = []
+    for text in CALIBRATION_TEXT:
+        chat = tokenizer.apply_chat_template([{"role": "user", "content": "Say something."},
+                                              {"role": "assistant", "content": text}], tokenize=False)
+        ids = tokenizer.encode(chat, add_special_tokens=False)
+        samples.append({"input_ids": ids, "attention_mask": [1] * len(ids)})
+    quant = QuantizeConfig(bits=4, group_size=group_size, sym=True, desc_act=desc_act)
+    out = path / "gptq"
+    with contextlib.chdir(path):
+        quantizing = GPTQModel.load(str(dense), quant, device="cpu")
+        quantizing.quantize(samples, batch_size=4)
+        quantizing.save(str(out))
+    return out

@@ -4,6 +4,9 @@ Tensors are listed from the format's lazy stream, so nothing but headers is read
 local files are opened and their headers parsed; ``s3://`` objects and the shards
 of a Hub safetensors repository are read with ranged requests (the options say
 ``headers_only``, so their streams yield header-only handles).
+``--layers`` adds each layer's planned kernel: the model is built on the
+``meta`` device and each layer's quantize method answers from shapes alone
+(``loader._pipeline.plan``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import argparse
 from collections import Counter
 from typing import Any
 
+from .layer_kernels import kernel_summary_lines, print_layer_table
 from .output import format_bytes, print_json, print_table
 
 __all__ = ["inspect_source", "run_inspect"]
@@ -71,6 +75,13 @@ def inspect_source(location: str, load_format: str = "auto", revision: str | Non
 
 def run_inspect(args: argparse.Namespace) -> int:
     info = inspect_source(args.source, args.load_format, args.revision, args.model_impl)
+    if args.layers:
+        from .._pipeline.plan import plan_layers
+
+        plan = plan_layers(args.source, device=args.device, load_format=args.load_format,
+                           quantization=args.quantization, revision=args.revision, model_impl=args.model_impl)
+        info["layers"] = plan["layers"]
+        info["layers_device"] = args.device
     if args.json:
         print_json(info)
         return 0
@@ -86,4 +97,12 @@ def run_inspect(args: argparse.Namespace) -> int:
     print()
     print_table(["dtype", "tensors", "bytes"],
                 [[k, v["tensors"], format_bytes(v["bytes"])] for k, v in info["dtypes"].items()])
+    if args.layers:
+        summary = kernel_summary_lines(info["layers"])
+        print()
+        print(f"kernels on {args.device} (planned from shapes; no weights read): {summary[0]}")
+        for line in summary[1:]:
+            print(f"  {line}")
+        print()
+        print_layer_table(info["layers"])
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .layer_kernels import kernel_summary_lines
 from .output import format_bytes, print_json
 
 __all__ = ["parse_format_options", "run_generate", "run_load"]
@@ -45,7 +46,14 @@ def run_load(args: argparse.Namespace) -> int:
     print(f"  tensors        {report.tensors}")
     print(f"  parameters     {format_bytes(report.parameter_bytes)} as {report.dtype} on {report.device}")
     if report.quantization:
-        print(f"  quantization   {report.quantization}")
+        settings = {k: v for k, v in report.quantization.items() if k not in ("layers", "kernels")}
+        print(f"  quantization   {settings}")
+        layers = report.quantization.get("layers")
+        if isinstance(layers, dict) and layers:
+            summary = kernel_summary_lines(layers)
+            print(f"  kernels        {summary[0]}")
+            for line in summary[1:]:
+                print(f"                   {line}")
     if report.tp_size > 1:
         print(f"  tensor parallel rank {report.tp_rank} of {report.tp_size}")
     print(f"  read           {format_bytes(report.bytes_read)} of {format_bytes(report.checkpoint_bytes)}")

@@ -116,6 +116,13 @@ def build_parser(source_text: str | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="describe a checkpoint without loading it")
     _add_source(p, source_text)
     _add_model_impl(p)
+    p.add_argument("--layers", action="store_true",
+                   help="also build the model on the meta device (no weights read) and show the kernel each "
+                        "layer's quantization would choose, with the reason for each fallback")
+    p.add_argument("--device", default="cpu",
+                   help="with --layers: the device to plan for, cpu (default), cuda or cuda:N")
+    p.add_argument("--quantization", "-q", default=None, metavar="METHOD",
+                   help="with --layers: the quantization to plan with (default: what config.json declares)")
     _add_json(p)
     p = sub.add_parser("load", help="load a checkpoint, verify it and report speed and memory")
     _add_load_args(p, source_text)

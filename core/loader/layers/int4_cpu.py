@@ -22,6 +22,8 @@ ms in float32, against 1.8 s / 3.3 s to dequantize and multiply.
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 import torch
 
@@ -100,5 +102,46 @@ def pack_int4(codes: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, g
     reason = int4_unsupported_reason(n, k, group_size)
     if reason is not None:
         return Int4CpuWeight(codes.to(torch.uint8).contiguous(), scales_and_zeros, group_size, k, reason)
-    data = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
+    if _torch_layout_is_known():
+        data = _int4pack_bytes(codes)
+    else:
+        data = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
     return Int4CpuWeight(data, scales_and_zeros, group_size, k, None)
+
+
+_BLOCK_N = 64
+
+
+def _int4pack_bytes(codes: torch.Tensor) -> torch.Tensor:
+    """torch's CPU int4 layout built with byte operations: the same bytes as
+    ``_convert_weight_to_int4pack_for_cpu(codes.int(), 1)`` without its int32 copy of the codes.
+
+    The layout (torch 2.13; checked against the op once per process by
+    :func:`_torch_layout_is_known`): output rows in blocks of 64, each block
+    stored as ``[K, 32]`` bytes whose byte ``(k, j)`` holds row ``j`` in its low
+    nibble and row ``j + 32`` in its high one; the last ``N % 64`` rows
+    (a multiple of 16) as ``[K, T / 2]`` bytes pairing adjacent rows. It reads
+    the codes input-major, so GPTQ's ``[K, N]`` codes (passed as ``.t()``)
+    are never transposed as int32.
+    """
+    n, k = (int(s) for s in codes.shape)
+    by_input = codes.t().to(torch.uint8)  # [K, N]; a view when the codes were [K, N] uint8
+    full = n // _BLOCK_N * _BLOCK_N
+    pieces = []
+    if full:
+        blocks = by_input[:, :full].reshape(k, full // _BLOCK_N, 2, _BLOCK_N // 2)
+        pieces.append((blocks[:, :, 0] | (blocks[:, :, 1] << 4)).permute(1, 0, 2).reshape(-1))
+    if full < n:
+        tail = by_input[:, full:]
+        pieces.append((tail[:, 0::2] | (tail[:, 1::2] << 4)).reshape(-1))
+    return torch.cat(pieces).reshape(n, k // 2) if len(pieces) > 1 else pieces[0].reshape(n, k // 2)
+
+
+@functools.cache
+def _torch_layout_is_known() -> bool:
+    """Whether :func:`_int4pack_bytes` gives this torch's bytes (a different torch falls back to its op)."""
+    generator = torch.Generator().manual_seed(0)
+    probe = torch.randint(0, 16, (_BLOCK_N + 16, 64), dtype=torch.int32, generator=generator)
+    expected = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)
+    return bool(expected.dtype == torch.uint8 and expected.shape == (_BLOCK_N + 16, 32)
+                and torch.equal(expected, _int4pack_bytes(probe)))

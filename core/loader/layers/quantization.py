@@ -34,11 +34,13 @@ if TYPE_CHECKING:
     from ..weights import WeightStream
 
 __all__ = [
+    "EmbeddingMethodBase",
     "LinearMethodBase",
     "QuantizationConfig",
     "QuantizeMethodBase",
     "UnquantizedLinearMethod",
     "WeightLoader",
+    "embedding_method_for",
     "linear_method_for",
 ]
 
@@ -169,6 +171,19 @@ class QuantizeMethodBase(abc.ABC):
     def process_weights_after_loading(self, layer: nn.Module) -> None:  # noqa: B027 - optional step
         """Finish the layout after loading (repack, permute); default: nothing."""
 
+    def layer_plan(self, layer: nn.Module) -> dict[str, Any] | None:
+        """What this layer would run with, decided from its shapes and the config alone, or ``None`` when only
+        its weights can tell.
+
+        ``loader inspect --layers`` builds the model on the ``meta`` device and
+        calls this for every layer, so it must read no tensor data. The record
+        has the keys a method's per-layer load record has — ``kernel`` and
+        ``reason`` (why it is not the preferred kernel, or ``None``), plus any
+        of its own (``packed_bytes``) — so the CLI shows plans and load
+        results the same way (default: ``None``).
+        """
+        return None
+
 
 class LinearMethodBase(QuantizeMethodBase):
     """Quantize method for the parallel linear layers."""
@@ -207,6 +222,48 @@ class LinearMethodBase(QuantizeMethodBase):
         """Compute ``x @ W.T + bias`` for this rank's shard."""
 
 
+class EmbeddingMethodBase(QuantizeMethodBase):
+    """Quantize method for the vocabulary embedding (vLLM's ``GGUFEmbeddingMethod`` shape).
+
+    The embedding keeps its vocabulary-row split over ranks; the method owns
+    how this rank's rows are stored (blocks as the file has them) and turns
+    looked-up rows into floats. A head tied to the embedding multiplies with
+    the same storage through :meth:`apply`, so the table is held once.
+    """
+
+    @abc.abstractmethod
+    def create_weights(
+        self,
+        layer: nn.Module,
+        rows_per_partition: int,
+        embedding_dim: int,
+        params_dtype: torch.dtype,
+        weight_loader: WeightLoader,
+        **extra: Any,
+    ) -> None:
+        """Register this rank's parameters on ``layer`` (``rows_per_partition`` padded vocabulary rows).
+
+        ``weight_loader`` is the layer's: it checks the checkpoint tensor's
+        shape, narrows it to this rank's rows and, when the parameter's layout
+        has a ``load_part``, hands the narrowed rows there instead of copying.
+        """
+
+    @abc.abstractmethod
+    def embedding(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """The rows ``ids`` (indices into this rank's shard, all in range) as ``[*ids.shape, embedding_dim]``."""
+
+    @abc.abstractmethod
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ W.T + bias`` over this rank's rows: the logits of a head tied to this embedding."""
+
+    def tie_head(self, layer: nn.Module) -> None:
+        """A head will multiply with ``layer``'s storage (called before loading; default: nothing).
+
+        A method whose lookup storage has no fast matmul decides here or at
+        :meth:`process_weights_after_loading` what the head runs with.
+        """
+
+
 class UnquantizedLinearMethod(LinearMethodBase):
     """Plain dense weights: one ``weight`` parameter ``(sum(output parts), input)``."""
 
@@ -229,6 +286,10 @@ class UnquantizedLinearMethod(LinearMethodBase):
         )
         set_param_layout(weight, ParamLayout(weight_loader=weight_loader, output_dim=0, input_dim=1))
         layer.register_parameter("weight", weight)
+
+    def layer_plan(self, layer: nn.Module) -> dict[str, Any] | None:
+        """A dense layer: the checkpoint (or the quantization's skip list) keeps it unquantized."""
+        return {"kernel": "dense", "reason": None}
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         from typing import cast
@@ -265,5 +326,34 @@ def linear_method_for(
         raise PluginError(
             f"quantization {method_name!r} gave {type(method).__name__} for the linear layer {prefix!r}; "
             "a linear layer needs a LinearMethodBase"
+        )
+    return method
+
+
+def embedding_method_for(
+    quant_config: QuantizationConfig | None, layer: nn.Module, prefix: str
+) -> EmbeddingMethodBase | None:
+    """The config's method for a vocabulary embedding, ``None`` to keep it dense (no config, skipped, no answer).
+
+    A config that answers with another kind of method for an embedding is a
+    plugin bug, reported as a :class:`~loader.errors.PluginError` naming it.
+    """
+    if quant_config is None or quant_config.skip(prefix):
+        return None
+    method_name = quant_config.name or type(quant_config).__name__
+    try:
+        method = quant_config.get_quant_method(layer, prefix)
+    except LoadError:
+        raise
+    except Exception as exc:
+        raise PluginError(
+            f"quantization {method_name!r} failed in get_quant_method: {type(exc).__name__}: {exc}"
+        ) from exc
+    if method is None:
+        return None
+    if not isinstance(method, EmbeddingMethodBase):
+        raise PluginError(
+            f"quantization {method_name!r} gave {type(method).__name__} for the embedding {prefix!r}; "
+            "an embedding needs an EmbeddingMethodBase"
         )
     return method

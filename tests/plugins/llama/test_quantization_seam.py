@@ -98,3 +98,37 @@ def test_a_malformed_fused_table_is_named_when_a_quantization_needs_it(tmp_path)
     with pytest.raises(PluginError, match=r"^model class for BadTableForCausalLM: BadTable.packed_modules_mapping: "
                                           r"expected a dict of module name -> list of names, found tuple$"):
         loader.load_model(str(tmp_path / "model"), dtype="float32", quantization="skip-list", host=host)
+
+
+class _BrokenPlan(UnquantizedLinearMethod):
+    def layer_plan(self, layer):
+        raise RuntimeError("no plan")
+
+
+@attrs.frozen
+class _BrokenPlanConfig(QuantizationConfig):
+    name = "broken-plan"
+
+    def get_quant_method(self, layer, prefix):
+        return _BrokenPlan()
+
+
+class _BrokenPlanPlugin:
+    @loader.hookimpl
+    def loader_detect_quantization(self, requested):
+        return _BrokenPlanConfig() if requested == "broken-plan" else None
+
+
+def test_the_layer_plan_of_the_skip_list_and_a_failing_plan_is_named(checkpoint):
+    """``loader inspect --layers``: skipped layers plan as dense, and a method's own bug names the quantization."""
+    from loader._pipeline.plan import plan_layers
+
+    host = create_plugin_host()
+    host.register(_SkipListPlugin(("q_proj", "k_proj", "v_proj")), "skip-list")
+    host.register(_BrokenPlanPlugin(), "broken-plan")
+    plan = plan_layers(str(checkpoint), quantization="skip-list", host=host)
+    assert plan["quantization"] == {"method": "skip-list"}
+    assert plan["layers"]["model.layers.0.self_attn.qkv_proj"] == {"kernel": "dense", "reason": None}
+    with pytest.raises(PluginError, match=r"^quantization 'broken-plan' failed in layer_plan for "
+                                          r"model.layers.0.self_attn.qkv_proj: RuntimeError: no plan$"):
+        plan_layers(str(checkpoint), quantization="broken-plan", host=host)

@@ -10,7 +10,7 @@ import loader
 from loader.errors import CheckpointFormatError, ShapeMismatchError, UnsupportedError
 from loader.testing import simulated_tp
 from loader_plugin_marlin.config import GPTQConfig
-from loader_plugin_marlin.linear_method import PackedLinearMethod
+from loader_plugin_marlin.linear_method import PackedLinearMethod, _kernel_tensors
 from tests.helpers.gptq_checkpoints import save_gptq_checkpoint
 from tests.helpers.hf_checkpoints import reference_logits, relative_error
 from tests.helpers.model_checks import random_ids
@@ -79,6 +79,86 @@ def test_the_dequantize_kernel_gives_the_same_logits_and_drops_the_checkpoint_pa
     ids = random_ids(reference.config.vocab_size)
     with torch.no_grad():
         assert relative_error(packed(ids), plain(ids)) <= 1e-5
+
+
+@pytest.mark.parametrize(("case", "kernel"), [("llama-sym-g32-v1", "int4pack"), ("llama-8bit-channelwise", "int8pack"),
+                                            ("llama-asym-actorder-v2", "dequantize")])
+def test_a_model_moved_after_loading_computes_with_the_moved_tensors(checkpoints, case, kernel):
+    """``model.to(...)`` replaces the layers' buffers; the kernel must follow them, not keep the old tensors."""
+    path, reference = checkpoints[case]
+    model = loader.load_model(str(path), dtype="float32", quantization_options={"kernel": kernel})
+    ids = random_ids(reference.config.vocab_size)
+    with torch.no_grad():
+        before = model(ids)
+    model.to(torch.float64)  # every float buffer is replaced by a new tensor
+    layer = next(iter(_layers(model).values()))
+    assert layer.quant_method.kernel(layer).choice.kernel == kernel
+    moved = {id(t) for t in layer.buffers(recurse=False)}
+    held = {id(t) for _, t in _kernel_tensors(layer.quant_method.kernel(layer))}
+    assert held <= moved, "the kernel still holds tensors the layer no longer has"
+    model.to(torch.float32)
+    with torch.no_grad():
+        assert relative_error(model(ids), before) <= 1e-6
+
+
+def test_a_quantized_lm_head_loads_packed_and_matches_the_reference(tmp_path):
+    """GPTQModel's ``lm_head: true``: the head's qweight/qzeros/scales/g_idx load into the head (tp=2: torchrun)."""
+    path, reference = save_gptq_checkpoint("llama", tmp_path / "head", bits=4, group_size=32, sym=False,
+                                           desc_act=True, lm_head=True, tie_word_embeddings=False)
+    model, report = loader.load_model_with_report(str(path), dtype="float32")
+    assert report.quantization["lm_head"] is True
+    assert report.quantization["layers"]["lm_head"] == {"kernel": "int4pack", "reason": None}
+    assert not [name for name, _ in model.lm_head.named_parameters()]  # only the kernel's buffers
+    ids = random_ids(reference.config.vocab_size)
+    with torch.no_grad():
+        assert relative_error(model(ids), reference_logits(reference, ids)) <= 1e-3
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("kernel", [None, "int8pack"])
+def test_the_plan_from_shapes_is_the_choice_made_at_load(checkpoints, case, kernel):
+    """``loader inspect --layers`` builds on meta and asks each layer: it must predict what loading chooses."""
+    from loader._pipeline.plan import plan_layers
+
+    path, _ = checkpoints[case]
+    options = {"kernel": kernel} if kernel else None
+    planned = plan_layers(str(path), dtype="float32", quantization_options=options)
+    _, report = loader.load_model_with_report(str(path), dtype="float32", quantization_options=options)
+    assert planned["layers"] == report.quantization["layers"]
+
+
+def test_load_and_inspect_print_the_kernel_summary_with_each_fallback_reason(checkpoints):
+    from tests.core.test_cli import run_cli
+
+    path, _ = checkpoints["llama-8bit-g32-asym"]
+    reason = "dequantize (6 layers): 8-bit with 2 groups: the int8 kernel takes one scale per output channel"
+    loaded = run_cli("load", str(path))
+    assert loaded.returncode == 0, loaded.stderr
+    assert "  kernels        dequantize 8\n" in loaded.stdout and reason in loaded.stdout
+    planned = run_cli("inspect", str(path), "--layers")
+    assert planned.returncode == 0, planned.stderr
+    assert "kernels on cpu (planned from shapes; no weights read): dequantize 8" in planned.stdout
+    assert reason in planned.stdout
+
+
+def test_gptqmodel_s_dynamic_rules_give_the_head_its_own_settings(tmp_path):
+    """GPTQModel's ``lm_head=True`` writes ``dynamic: {"lm_head": {"bits": 8, "group_size": 32, ...}}``."""
+    dynamic = {"lm_head": {"bits": 8, "group_size": 32, "sym": True, "desc_act": False, "mse": 2.4},
+               "-:model.layers.1.mlp.down_proj": {}}
+    path, reference = save_gptq_checkpoint("llama", tmp_path / "dynamic", bits=4, group_size=32, sym=False,
+                                           desc_act=True, lm_head=True, dynamic=dynamic, tie_word_embeddings=False,
+                                           keep_dense=("model.layers.1.mlp.down_proj",))
+    model, report = loader.load_model_with_report(str(path), dtype="float32")
+    layers = report.quantization["layers"]
+    assert layers["lm_head"] == {"kernel": "dequantize", "reason": "8-bit with 2 groups: the int8 kernel takes one "
+                                                                   "scale per output channel"}
+    assert "model.layers.1.mlp.down_proj" not in layers and layers["model.layers.0.mlp.down_proj"]["kernel"] == \
+        "int4pack"
+    assert report.quantization["dynamic"]["+:lm_head"] == {"bits": 8, "group_size": 32, "sym": True,
+                                                          "act_order": False}
+    ids = random_ids(reference.config.vocab_size)
+    with torch.no_grad():
+        assert relative_error(model(ids), reference_logits(reference, ids)) <= 1e-3
 
 
 def _rewrite(src, dst, change):

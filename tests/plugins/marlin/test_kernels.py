@@ -86,3 +86,17 @@ def test_kernel_group_is_the_largest_that_stays_inside_one_checkpoint_group():
     assert kernel_group(torch.arange(576) // 128) == 64  # 4 groups of 128 and one of 64
     assert kernel_group(torch.arange(512) // 128) == 128
     assert kernel_group(torch.zeros(768, dtype=torch.int64)) == 256
+
+
+def test_a_layer_the_int4_kernel_refuses_is_not_prepared_for_it(monkeypatch):
+    """The reason is known from the shapes: no sorted, padded or packed copy of the codes is made first."""
+    import loader_plugin_marlin.kernels as kernels
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("pack_int4 ran for a layer the int4 kernel cannot take")
+
+    monkeypatch.setattr(kernels, "pack_int4", refuse)
+    weight, reference = _weight(4, 32, True, True, n=40)  # N = 40: not a multiple of 16
+    chosen = choose_kernel(weight, "auto", torch.float32)
+    assert chosen.choice == KernelChoice("dequantize", "output features 40 are not a multiple of 16")
+    assert _error(chosen, reference, torch.float32) <= 1e-6

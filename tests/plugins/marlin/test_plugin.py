@@ -68,7 +68,12 @@ def test_dense_checkpoints_and_other_methods_are_not_ours():
         ({"group_size": 48}, UnsupportedError, "group_size 48 is not one of"),
         ({"checkpoint_format": "marlin"}, UnsupportedError, "checkpoint_format 'marlin' is not supported"),
         ({"desc_act": "yes"}, ConfigError, "desc_act must be true or false, found 'yes'"),
-        ({"lm_head": True}, UnsupportedError, r"a quantized lm_head \(lm_head: true\) is not supported"),
+        ({"lm_head": "yes"}, ConfigError, "lm_head must be true or false, found 'yes'"),
+        ({"dynamic": ["lm_head"]}, ConfigError, r"dynamic must map module patterns to settings, found \['lm_head'\]"),
+        ({"dynamic": {"lm_head": {"bits": 3}}}, UnsupportedError,
+         r"quantization_config.dynamic\['lm_head'\]: bits 3 is not supported"),
+        ({"dynamic": {"lm_head": {"sym": "no"}}}, ConfigError, r"dynamic\['lm_head'\]: sym must be true or false"),
+        ({"dynamic": {"-:(": {}}}, ConfigError, r"dynamic\['-:\(']: '\(' is not a regular expression"),
         ({"modules_to_not_convert": "lm_head"}, ConfigError, "modules_to_not_convert must be a list"),
     ],
 )

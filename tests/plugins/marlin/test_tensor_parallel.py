@@ -38,6 +38,9 @@ CASES = {
     "qwen2-8bit-channelwise": ("qwen2", dict(bits=8, group_size=-1, sym=True, desc_act=False), None, "int8pack"),
     "awq-llama-g32": ("llama", dict(group_size=32), None, "int4pack"),
     "ct-qwen2-asym-g32": ("qwen2", dict(bits=4, group_size=32, sym=False), None, "int4pack"),
+    # the quantized head splits by vocabulary rows (qzeros in whole packed words), like vLLM's ParallelLMHead
+    "llama-lm-head-asym": ("llama", dict(bits=4, group_size=32, sym=False, desc_act=False, lm_head=True,
+                                         tie_word_embeddings=False), None, "int4pack"),
 }
 WRITERS = {"awq": save_awq_checkpoint, "ct": save_ct_checkpoint}
 

@@ -77,10 +77,12 @@ class LlamaForCausalLM(nn.Module, SupportsTensorParallel, SupportsQuantization):
             self.config, attention_class=self.attention_class, params_dtype=dtype,
             quant_config=ctx.quant_config, prefix="model",
         )
-        self.lm_head = ParallelLMHead(
-            self.config.vocab_size, self.config.hidden_size, params_dtype=dtype, prefix="lm_head"
+        tied = self.config.tie_word_embeddings
+        self.lm_head = ParallelLMHead(  # a checkpoint may quantize an untied head (GPTQ's lm_head: true)
+            self.config.vocab_size, self.config.hidden_size, params_dtype=dtype,
+            quant_config=None if tied else ctx.quant_config, prefix="lm_head",
         )
-        if self.config.tie_word_embeddings:
+        if tied:
             self.lm_head.tie_weights(self.model.embed_tokens)
 
     def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:

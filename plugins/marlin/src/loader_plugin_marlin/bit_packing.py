@@ -7,19 +7,38 @@ the codes within a word; that order is applied by its converter, not here.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 __all__ = ["pack_int32", "unpack_int32"]
 
 
 def unpack_int32(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
-    """``packed`` (int32) with each word expanded into its ``32 // bits`` codes along ``dim``, as uint8."""
+    """``packed`` (int32) with each word expanded into its ``32 // bits`` codes along ``dim``, as uint8.
+
+    Runs once per layer at load, so it works on bytes: a little-endian word's
+    byte ``b`` holds codes ``[8b / bits, 8(b+1) / bits)``, and each code is
+    one uint8 shift and mask of its byte, written straight into its strided
+    slot of the result (no int32 copy of the unpacked tensor, no transposing
+    copy). On a big-endian machine the same is done with int32 shifts.
+    """
     pack = 32 // bits
-    shifts = torch.arange(0, 32, bits, dtype=torch.int32, device=packed.device)
-    moved = packed.to(torch.int32).movedim(dim, -1)
-    codes = (moved.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
-    codes = codes.reshape(*moved.shape[:-1], moved.shape[-1] * pack)
-    return codes.movedim(-1, dim).to(torch.uint8).contiguous()
+    mask = (1 << bits) - 1
+    words = packed.to(torch.int32).contiguous()
+    shape = list(words.shape)
+    out = torch.empty([*shape[: dim + 1], pack, *shape[dim + 1:]], dtype=torch.uint8, device=packed.device)
+    if sys.byteorder == "little":
+        by_byte = words.reshape(-1).view(torch.uint8).reshape(*shape, 4)  # flat first: size-1 dims may have any stride
+        for j in range(pack):
+            byte = by_byte[..., j * bits // 8]
+            shift = j * bits % 8
+            out.select(dim + 1, j).copy_(byte if bits == 8 else (byte >> shift) & mask)
+    else:
+        for j in range(pack):
+            out.select(dim + 1, j).copy_((words >> (bits * j)) & mask)
+    shape[dim] *= pack
+    return out.reshape(shape)
 
 
 def pack_int32(codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:

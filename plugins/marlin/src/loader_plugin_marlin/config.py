@@ -15,6 +15,7 @@ their layouts). Importing it is light (no torch): the entry point imports it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
     from .param_specs import CheckpointLayout
 
-__all__ = ["BITS", "CHECKPOINT_FORMATS", "KERNELS", "METHOD_NAME", "GPTQConfig", "KernelChoice",
+__all__ = ["BITS", "CHECKPOINT_FORMATS", "KERNELS", "METHOD_NAME", "DynamicRule", "GPTQConfig", "KernelChoice",
            "PackedQuantConfig", "check_flag", "config_from_checkpoint", "kernel_option", "module_list"]
 
 METHOD_NAME = "gptq"
@@ -65,6 +66,7 @@ class PackedQuantConfig(QuantizationConfig):
     :ivar sym: symmetric quantization (zero point ``2**(bits-1)``).
     :ivar kernel: ``quantization_options["kernel"]``, see :data:`KERNELS`.
     :ivar skip_modules: modules the checkpoint keeps in floating point.
+    :ivar lm_head: the checkpoint quantizes the output head too (GPTQ ``lm_head: true``).
     :ivar kernel_log: each quantized layer's :class:`KernelChoice`, filled after loading.
     """
 
@@ -74,6 +76,7 @@ class PackedQuantConfig(QuantizationConfig):
     sym: bool = True
     kernel: str = "auto"
     skip_modules: tuple[str, ...] = ()
+    lm_head: bool = False
     kernel_log: dict[str, KernelChoice] = attrs.field(factory=dict, eq=False, repr=False)
 
     @property
@@ -92,7 +95,8 @@ class PackedQuantConfig(QuantizationConfig):
             counts[choice.kernel] = counts.get(choice.kernel, 0) + 1
         return {
             "method": self.name, "bits": self.bits, "group_size": self.group_size, "act_order": self.act_order,
-            "sym": self.sym, "kernel": self.kernel, "skip_modules": list(self.skip_modules), "kernels": counts,
+            "sym": self.sym, "kernel": self.kernel, "skip_modules": list(self.skip_modules), "lm_head": self.lm_head,
+            "kernels": counts,
             "layers": {prefix: attrs.asdict(choice) for prefix, choice in sorted(self.kernel_log.items())},
         }
 
@@ -100,23 +104,73 @@ class PackedQuantConfig(QuantizationConfig):
         return any(_matches(prefix, m) for m in self.skip_modules)
 
     def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
-        """:class:`~loader_plugin_marlin.linear_method.PackedLinearMethod` for every parallel linear layer."""
-        from loader.layers import LinearBase
+        """:class:`~loader_plugin_marlin.linear_method.PackedLinearMethod` for every parallel linear layer, and for
+        the output head when the checkpoint quantizes it (:attr:`lm_head`)."""
+        from loader.layers import LinearBase, ParallelLMHead
 
-        if not isinstance(layer, LinearBase):
+        if not (isinstance(layer, LinearBase) or (self.lm_head and isinstance(layer, ParallelLMHead))):
             return None
         from .linear_method import PackedLinearMethod
 
         return PackedLinearMethod(self)
 
 
+_DYNAMIC_FIELDS = {"bits": "bits", "group_size": "group_size", "sym": "sym", "desc_act": "act_order"}
+
+
+@attrs.frozen
+class DynamicRule:
+    """One entry of GPTQModel's ``dynamic`` (vLLM reads it the same way): modules whose dotted name matches
+    ``pattern`` (``re.match``) are kept dense (a ``-:`` key) or quantized with ``overrides`` (``+:`` or no prefix).
+
+    :ivar overrides: ``(field, value)`` pairs of :class:`PackedQuantConfig` fields (``desc_act`` read as ``act_order``).
+    """
+
+    pattern: str
+    skip: bool
+    overrides: tuple[tuple[str, Any], ...] = ()
+
+    def matches(self, prefix: str) -> bool:
+        return re.match(self.pattern, prefix) is not None
+
+
 @attrs.frozen
 class GPTQConfig(PackedQuantConfig):
-    """A GPTQ checkpoint (AutoGPTQ, GPTQModel): ``checkpoint_format`` ``gptq`` stores zero points minus one."""
+    """A GPTQ checkpoint (AutoGPTQ, GPTQModel): ``checkpoint_format`` ``gptq`` stores zero points minus one.
+
+    :ivar dynamic: GPTQModel's per-module rules, first match wins (e.g. its
+        ``lm_head=True`` writes the head as 8-bit, group 32, symmetric).
+    """
 
     name: ClassVar[str] = METHOD_NAME
 
     checkpoint_format: str = "gptq"
+    dynamic: tuple[DynamicRule, ...] = ()
+
+    def _rule(self, prefix: str) -> DynamicRule | None:
+        return next((rule for rule in self.dynamic if rule.matches(prefix)), None)
+
+    def ignores(self, prefix: str) -> bool:
+        rule = self._rule(prefix)
+        return super().ignores(prefix) or (rule is not None and rule.skip)
+
+    def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
+        """The shared method, with this layer's ``dynamic`` overrides (a fused layer's parts must agree)."""
+        method = super().get_quant_method(layer, prefix)
+        if method is None or not self.dynamic:
+            return method
+        parent, _, leaf = prefix.rpartition(".")
+        names = [f"{parent}.{part}" if parent else part for part in self.packed_modules.get(leaf, ())] or [prefix]
+        found = {name: rule.overrides if (rule := self._rule(name)) is not None else () for name in names}
+        if len(set(found.values())) > 1:
+            raise UnsupportedError(f"{_WHERE}: dynamic gives the parts of {prefix} different settings {found}; "
+                                   "they share one fused weight")
+        overrides = dict(next(iter(found.values())))
+        if not overrides:
+            return method
+        from .linear_method import PackedLinearMethod
+
+        return PackedLinearMethod(attrs.evolve(self, **overrides))  # kernel_log is the same dict
 
     @property
     def zeros_stored_minus_one(self) -> bool:
@@ -130,7 +184,8 @@ class GPTQConfig(PackedQuantConfig):
         return GPTQLayout(self)
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "checkpoint_format": self.checkpoint_format}
+        dynamic = {("-:" if rule.skip else "+:") + rule.pattern: dict(rule.overrides) for rule in self.dynamic}
+        return {**super().describe(), "checkpoint_format": self.checkpoint_format, "dynamic": dynamic}
 
 
 def check_flag(declared: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
@@ -163,25 +218,61 @@ def module_list(value: Any, key: str, where: str) -> tuple[str, ...]:
 _WHERE = "config.json quantization_config"
 
 
+def _bits(value: Any, where: str) -> int:
+    if isinstance(value, bool) or value not in BITS:
+        raise UnsupportedError(f"{where}: bits {value!r} is not supported; GPTQ checkpoints load with bits 4 or 8")
+    return int(value)
+
+
+def _group_size(value: Any, where: str) -> int:
+    if isinstance(value, bool) or value not in GROUP_SIZES:
+        raise UnsupportedError(f"{where}: group_size {value!r} is not one of {list(GROUP_SIZES)}")
+    return int(value)
+
+
+def _dynamic(value: Any) -> tuple[DynamicRule, ...]:
+    """GPTQModel's ``dynamic``: ``{pattern: {field: value}}``; fields other than bits, group_size, sym and desc_act
+    (its quantizer's own settings, e.g. ``mse``) do not change what is stored and are not kept."""
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{_WHERE}: dynamic must map module patterns to settings, found {value!r}")
+    rules = []
+    for key, settings in value.items():
+        where = f"{_WHERE}.dynamic[{key!r}]"
+        if not isinstance(key, str) or not isinstance(settings, Mapping):
+            raise ConfigError(f"{where}: expected a module pattern mapped to a dict of settings, found {settings!r}")
+        skip = key.startswith("-:")
+        pattern = key[2:] if key.startswith(("-:", "+:")) else key
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(f"{where}: {pattern!r} is not a regular expression: {exc}") from exc
+        checks = {"bits": _bits, "group_size": _group_size}
+        overrides = []
+        for field, attribute in _DYNAMIC_FIELDS.items():
+            if field in settings:
+                check = checks.get(field)
+                found = check(settings[field], where) if check else check_flag(settings, field, False, where)
+                overrides.append((attribute, found))
+        rules.append(DynamicRule(pattern, skip, tuple(overrides)))
+    return tuple(rules)
+
+
 def config_from_checkpoint(declared: Mapping[str, Any], options: Mapping[str, Any] | None = None) -> GPTQConfig:
     """The config of a checkpoint whose ``quantization_config`` names GPTQ; every bad field is an error."""
-    bits = declared.get("bits")
-    if isinstance(bits, bool) or bits not in BITS:
-        raise UnsupportedError(f"{_WHERE}: bits {bits!r} is not supported; GPTQ checkpoints load with bits 4 or 8")
-    group_size = declared.get("group_size", -1)
-    if isinstance(group_size, bool) or group_size not in GROUP_SIZES:
-        raise UnsupportedError(f"{_WHERE}: group_size {group_size!r} is not one of {list(GROUP_SIZES)}")
+    bits = _bits(declared.get("bits"), _WHERE)
+    group_size = _group_size(declared.get("group_size", -1), _WHERE)
     checkpoint_format = declared.get("checkpoint_format") or declared.get("format") or "gptq"
     if checkpoint_format not in CHECKPOINT_FORMATS:
         raise UnsupportedError(
             f"{_WHERE}: checkpoint_format {checkpoint_format!r} is not supported; expected one of "
             f"{list(CHECKPOINT_FORMATS)}"
         )
-    if check_flag(declared, "lm_head", False, _WHERE):
-        raise UnsupportedError(f"{_WHERE}: a quantized lm_head (lm_head: true) is not supported")
     return GPTQConfig(
         bits=int(bits), group_size=int(group_size), act_order=check_flag(declared, "desc_act", False, _WHERE),
         sym=check_flag(declared, "sym", True, _WHERE), checkpoint_format=str(checkpoint_format),
         kernel=kernel_option(options, METHOD_NAME),
         skip_modules=module_list(declared.get("modules_to_not_convert"), "modules_to_not_convert", _WHERE),
+        lm_head=check_flag(declared, "lm_head", False, _WHERE), dynamic=_dynamic(declared.get("dynamic")),
     )

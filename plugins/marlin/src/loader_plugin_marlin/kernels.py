@@ -24,13 +24,15 @@ from typing import Protocol
 import attrs
 import torch
 
-from loader.layers import KERNEL_GROUP_SIZES, Int4CpuWeight, pack_int4
+from loader.layers import KERNEL_GROUP_SIZES, Int4CpuWeight, int4_unsupported_reason, pack_int4
 
 from .config import KernelChoice
 from .int8_cpu import Int8CpuWeight, pack_int8
-from .quantized_weight import QuantizedWeight
+from .layer_geometry import LayerGeometry
+from .quantized_weight import QuantizedWeight, default_g_idx
 
-__all__ = ["DequantizeKernel", "Int4Kernel", "Int8Kernel", "LayerKernel", "choose_kernel", "kernel_group"]
+__all__ = ["DequantizeKernel", "Int4Kernel", "Int8Kernel", "LayerKernel", "choose_kernel", "kernel_group",
+           "plan_kernel"]
 
 
 class LayerKernel(Protocol):
@@ -112,20 +114,26 @@ def _padded(sorted_g_idx: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.
     return torch.cat(rows), torch.cat(groups)
 
 
-def _int4(weight: QuantizedWeight, dtype: torch.dtype) -> Int4Kernel:
+def _int4(weight: QuantizedWeight, dtype: torch.dtype) -> Int4Kernel | str:
+    """The int4 kernel, or why it cannot take the layer: decided from ``g_idx`` and the shape alone, before any
+    copy of the codes is sorted, padded or packed (a layer that falls back costs nothing here)."""
     perm = torch.argsort(weight.g_idx, stable=True) if weight.act_order else None
     g_idx = weight.g_idx if perm is None else weight.g_idx[perm]
-    codes = weight.codes if perm is None else weight.codes[perm]
     size = kernel_group(g_idx)
     padded = size is None
+    rows = None
     if size is None:
         # a rank's act-order rows, or groups smaller than 32: pad each group with rows that read a zero input
         size = min(KERNEL_GROUP_SIZES)
-        rows, groups = _padded(g_idx, size)
+        rows, g_idx = _padded(g_idx, size)
+    reason = int4_unsupported_reason(weight.out_features, int(g_idx.numel()), size)
+    if reason is not None:
+        return reason
+    codes = weight.codes if perm is None else weight.codes[perm]
+    if rows is not None:
         source = torch.arange(weight.in_features) if perm is None else perm
         perm = torch.where(rows >= 0, source[rows.clamp(min=0)], weight.in_features)
         codes = torch.where((rows >= 0).unsqueeze(1), codes[rows.clamp(min=0)], 8)
-        g_idx = groups
     block_groups = g_idx[::size].long()
     scales = weight.scales[block_groups]
     biases = -weight.zeros[block_groups].to(torch.float32) * scales
@@ -133,10 +141,17 @@ def _int4(weight: QuantizedWeight, dtype: torch.dtype) -> Int4Kernel:
     return Int4Kernel(packed, perm, KernelChoice("int4pack", packed.reason), padded)
 
 
+def _int8_reason(groups: int) -> str | None:
+    if groups != 1:
+        return f"8-bit with {groups} groups: the int8 kernel takes one scale per output channel"
+    return None
+
+
 def _int8(weight: QuantizedWeight, dtype: torch.dtype) -> Int8Kernel | str:
     used = torch.unique(weight.g_idx)
-    if used.numel() != 1:
-        return f"8-bit with {used.numel()} groups: the int8 kernel takes one scale per output channel"
+    reason = _int8_reason(int(used.numel()))
+    if reason is not None:
+        return reason
     group = int(used[0])
     return Int8Kernel(pack_int8(weight.codes.t(), weight.scales[group], weight.zeros[group], dtype),
                       KernelChoice("int8pack"))
@@ -151,6 +166,40 @@ def _marlin(weight: QuantizedWeight, dtype: torch.dtype) -> LayerKernel | str:
         return reason
     compute = dtype if dtype in (torch.float16, torch.bfloat16) else torch.float16
     return marlin_kernel(repack(weight, compute), weight.codes.device)
+
+
+def plan_kernel(geometry: LayerGeometry, *, bits: int, group_size: int, act_order: bool, requested: str,
+                device: torch.device) -> KernelChoice:
+    """The choice :func:`choose_kernel` will make for a layer of this shape, from the shapes alone.
+
+    Exact except for what only values tell: Marlin refuses a GPTQ v1 zero
+    point that wraps (the plan says ``marlin``; the load falls back).
+    """
+    k, n = geometry.rows, geometry.cols
+    if requested == "dequantize":
+        return KernelChoice("dequantize", "quantization_options kernel='dequantize'")
+    if device.type == "cuda" or requested == "marlin":
+        from .marlin_cuda import marlin_cuda_unavailable_reason
+        from .marlin_layout import marlin_shape_reason
+
+        reason = marlin_cuda_unavailable_reason(device) or marlin_shape_reason(bits, group_size, k, n,
+                                                                               geometry.groups)
+        return KernelChoice("marlin") if reason is None else KernelChoice("dequantize", reason)
+    preferred = "int4pack" if bits == 4 else "int8pack"
+    wanted = preferred if requested == "auto" else requested
+    if wanted != preferred:
+        return KernelChoice("dequantize", f"the {wanted} kernel does not take {bits}-bit weights")
+    # the rows' groups in sorted order: contiguous unless this rank holds an act-order share (unknown here)
+    known = not act_order or geometry.whole_input
+    sorted_g_idx = default_g_idx(k, group_size, geometry.first_group * max(group_size, 0)) if known else None
+    if bits == 8:
+        groups = int(torch.unique(sorted_g_idx).numel()) if sorted_g_idx is not None else geometry.groups
+        reason = _int8_reason(groups)
+    else:
+        size = kernel_group(sorted_g_idx) if sorted_g_idx is not None else None
+        rows = k if size is not None else -(-k // KERNEL_GROUP_SIZES[0]) * KERNEL_GROUP_SIZES[0]
+        reason = int4_unsupported_reason(n, rows, size or KERNEL_GROUP_SIZES[0])
+    return KernelChoice(preferred) if reason is None else KernelChoice("dequantize", reason)
 
 
 def choose_kernel(weight: QuantizedWeight, requested: str, dtype: torch.dtype) -> LayerKernel:

@@ -27,7 +27,7 @@ from loader.errors import CheckpointFormatError
 from loader.layers import LinearMethodBase, ParamLayout, WeightLoader, set_param_layout
 
 from .config import PackedQuantConfig
-from .kernels import LayerKernel, choose_kernel
+from .kernels import LayerKernel, choose_kernel, plan_kernel
 from .layer_geometry import LayerGeometry, layer_geometry
 from .param_specs import ParamSpec
 from .quantized_weight import QuantizedWeight
@@ -133,20 +133,56 @@ class PackedLinearMethod(LinearMethodBase):
         for name in state.names:
             delattr(layer, name)
         for name, tensor in _kernel_tensors(kernel):
-            layer.register_buffer(f"packed_{name}", tensor)
+            layer.register_buffer(f"{_BUFFER_PREFIX}{name}", tensor)
         state.kernel = kernel
         self.config.kernel_log[state.geometry.prefix] = kernel.choice
 
+    def layer_plan(self, layer: nn.Module) -> dict[str, Any] | None:
+        """The kernel this layer will get on the load's device, from its shapes (``loader inspect --layers``)."""
+        from loader.models import current_session
+
+        state = self.layer_state(layer, PackedLayerState)
+        cfg = self.config
+        choice = plan_kernel(state.geometry, bits=cfg.bits, group_size=cfg.group_size, act_order=cfg.act_order,
+                             requested=cfg.kernel, device=current_session().device)
+        return attrs.asdict(choice)
+
     def kernel(self, layer: nn.Module) -> LayerKernel:
-        """The kernel chosen after loading."""
+        """The kernel chosen after loading, holding the layer's current buffers.
+
+        ``layer.to(...)`` (or ``model.to``) replaces the buffers with new
+        tensors; the kernel is then rebuilt around them, so it never keeps the
+        old tensors alive or computes with them.
+        """
         state = self.layer_state(layer, PackedLayerState)
         if state.kernel is None:
             raise RuntimeError(f"{state.geometry.prefix}: weights are not processed yet (no kernel chosen)")
+        state.kernel = _with_layer_buffers(state.kernel, layer)
         return state.kernel
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         out = self.kernel(layer).matmul(x)
         return out if bias is None else out + bias.to(out.dtype)
+
+
+_BUFFER_PREFIX = "packed_"
+
+
+def _with_layer_buffers(kernel: Any, layer: nn.Module, prefix: str = "") -> Any:
+    """``kernel`` (or a nested record of it) with each tensor replaced by the layer's buffer of that name, when
+    the two differ (the layer was moved); the same object when nothing changed."""
+    changes: dict[str, Any] = {}
+    for field in attrs.fields(type(kernel)):
+        value = getattr(kernel, field.name)
+        if isinstance(value, torch.Tensor):
+            current = layer.get_buffer(f"{_BUFFER_PREFIX}{prefix}{field.name}")
+            if current is not value:
+                changes[field.alias] = current
+        elif attrs.has(type(value)) and not prefix:
+            nested = _with_layer_buffers(value, layer, f"{field.name}_")
+            if nested is not value:
+                changes[field.alias] = nested
+    return attrs.evolve(kernel, **changes) if changes else kernel
 
 
 def _kernel_tensors(kernel: object, prefix: str = "") -> list[tuple[str, torch.Tensor]]:

@@ -95,19 +95,25 @@ class MarlinWeight:
 
 def marlin_unsupported_reason(weight: QuantizedWeight) -> str | None:
     """Why the Marlin kernel cannot take ``weight`` (``None`` when it can)."""
-    k, n = weight.in_features, weight.out_features
-    if weight.bits not in (4, 8):
-        return f"Marlin takes 4- or 8-bit weights, not {weight.bits}-bit"
-    if weight.group_size not in MARLIN_GROUP_SIZES:
-        return f"Marlin takes group sizes {list(MARLIN_GROUP_SIZES)}, not {weight.group_size}"
-    if weight.group_size != -1 and weight.groups * weight.group_size != k:
-        return f"Marlin cannot take a partial last group ({k} input rows in groups of {weight.group_size})"
+    reason = marlin_shape_reason(weight.bits, weight.group_size, weight.in_features, weight.out_features,
+                                 weight.groups)
+    if reason is None and (int(weight.zeros.max()) >= 1 << weight.bits or int(weight.zeros.min()) < 0):
+        return f"a zero point outside [0, {1 << weight.bits}) (a GPTQ v1 zero of 0 wraps) cannot be stored for Marlin"
+    return reason
+
+
+def marlin_shape_reason(bits: int, group_size: int, k: int, n: int, groups: int) -> str | None:
+    """The part of :func:`marlin_unsupported_reason` the shapes decide (what ``loader inspect --layers`` can tell)."""
+    if bits not in (4, 8):
+        return f"Marlin takes 4- or 8-bit weights, not {bits}-bit"
+    if group_size not in MARLIN_GROUP_SIZES:
+        return f"Marlin takes group sizes {list(MARLIN_GROUP_SIZES)}, not {group_size}"
+    if group_size != -1 and groups * group_size != k:
+        return f"Marlin cannot take a partial last group ({k} input rows in groups of {group_size})"
     if k % _MIN_K:
         return f"Marlin needs input features a multiple of {_MIN_K}, found {k}"
     if n % _MIN_N:
         return f"Marlin needs output features a multiple of {_MIN_N}, found {n}"
-    if int(weight.zeros.max()) >= 1 << weight.bits or int(weight.zeros.min()) < 0:
-        return f"a zero point outside [0, {1 << weight.bits}) (a GPTQ v1 zero of 0 wraps) cannot be stored for Marlin"
     return None
 
 
