@@ -12,8 +12,12 @@ tensor and indexing it. Stored per type:
   32-column slice of codes is one contiguous int8 matrix for torch's
   ``_weight_int8pack_mm`` with that block's ``d`` as its per-row scale, and the
   head sums the 18 (for 576 columns) partial products — exact math on the
-  stored codes, rounded only as the kernel dtype rounds (float32 for a float32
-  load, see :func:`_head_dtype`).
+  stored codes, rounded only as the kernel dtype rounds. The kernel's dtype is
+  the linears' (bfloat16; ``kernel_dtype=float32`` for float32): in float32
+  torch's int8 kernel is slow (SmolLM2 decode 12 tok/s against 45 in
+  bfloat16), and bfloat16 logits flip near-ties, so a float32 load recomputes
+  each position's top 64 logits exactly from their looked-up rows
+  (:meth:`GGUFEmbeddingMethod._refine_top`).
 - every other type: the raw blocks ``uint8 [rows, row_bytes]``. A tied head of
   Q4_0/Q4_1/Q4_K adds torch's packed int4 weight built from the same blocks
   (:mod:`.q4_blocks`; lookups stay exact from the blocks).
@@ -79,22 +83,8 @@ class GGUFEmbeddingState:
     choice: LayerChoice | None = None
 
 
-def _head_dtype(ggml_type: int, params_dtype: torch.dtype, kernel_dtype: torch.dtype | None) -> torch.dtype:
-    """What a tied head computes in.
-
-    Q8_0: bfloat16 when the load's dtype is bfloat16 (and ``kernel_dtype`` is
-    not float32), else float32. Its int8 kernel
-    rounds each block's partial product to its dtype, and bfloat16 logits
-    flip near-ties (SmolLM2: top-1 agreement 0.973 with the float32 model, the
-    same as rounding exact logits to bfloat16), so a float32 load keeps an
-    exact float32 head — 2.3x the time of a dense float32 head matmul, measured
-    in ``benchmarks/RESULTS.md``. Q4_x: the linears' int4 kernel dtype (its
-    float32 path is ten to a hundred times slower).
-    """
-    if ggml_type == Q.Q8_0:
-        fast = params_dtype == torch.bfloat16 and kernel_dtype != torch.float32
-        return torch.bfloat16 if fast else torch.float32
-    return kernel_dtype or kernel_dtype_for(params_dtype)
+REFINED_LOGITS = 64
+"""Top logits per position a Q8_0 head recomputes exactly when its kernel is narrower than the activations."""
 
 
 def _buffer(layer: nn.Module, name: str) -> torch.Tensor:
@@ -153,7 +143,7 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         assert isinstance(window, GGUFTensor)
         device = _buffer(layer, "weight").device
         state.ggml_type = window.info.ggml_type
-        state.kernel_dtype = _head_dtype(window.info.ggml_type, state.params_dtype, self.config.kernel_dtype)
+        state.kernel_dtype = self.config.kernel_dtype or kernel_dtype_for(state.params_dtype)
         types = (window.stored_type,)
         reason = self._fallback_reason(state, window, device)
         real = window.shape[0]
@@ -241,7 +231,10 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
             return torch.nn.functional.linear(x, _buffer(layer, "weight"), bias)
         dtype = state.kernel_dtype
         if kernel == "int8":
-            out = self._int8_head(layer, x.reshape(-1, state.cols).to(dtype), dtype)
+            flat = x.reshape(-1, state.cols)
+            out = self._int8_head(layer, flat.to(dtype), dtype)
+            if dtype.itemsize < x.dtype.itemsize:
+                self._refine_top(layer, flat, out)
         elif kernel == "blocks+int4":
             packed = Int4CpuWeight(_buffer(layer, "packed_weight"), _buffer(layer, "packed_scales_and_zeros"),
                                    GROUP_SIZE, state.cols)
@@ -250,6 +243,22 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
             raise RuntimeError(f"{state.prefix}: no output head is tied to this embedding")
         out = out.to(x.dtype).view(*x.shape[:-1], state.rows)
         return out if bias is None else out + bias.to(out.dtype)
+
+    def _refine_top(self, layer: nn.Module, x: torch.Tensor, out: torch.Tensor) -> None:
+        """Recompute each position's :data:`REFINED_LOGITS` largest logits exactly, in ``x``'s dtype, in place.
+
+        The kernel rounds every block's partial product to bfloat16, enough to
+        swap near-tied top tokens (SmolLM2: top-1 agreement with the float32
+        model 0.973); the true top token is among the kernel's top 64 unless
+        the rounding moves a logit by more than the gap to the 64th, so greedy
+        decoding sees float32 logits where it looks. The rows come from the
+        exact lookup (:meth:`embedding`): 64 rows per position, not the table.
+        """
+        k = min(REFINED_LOGITS, out.shape[1])
+        top = out.topk(k, dim=1).indices  # [m, k]
+        rows = self.embedding(layer, top).to(x.dtype)  # [m, k, cols]
+        exact = torch.bmm(rows, x.unsqueeze(-1)).squeeze(-1)
+        out.scatter_(1, top, exact.to(out.dtype))
 
     @staticmethod
     def _int8_head(layer: nn.Module, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
