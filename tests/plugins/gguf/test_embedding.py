@@ -121,7 +121,7 @@ def test_the_float32_and_dequantize_paths_keep_a_dense_table(tiny_gguf):
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_each_tp_rank_keeps_and_looks_up_its_own_vocabulary_rows(tiny_gguf, rank):
-    path, model = tiny_gguf("qwen2", Q.Q8_0, **SIZES)
+    path, _ = tiny_gguf("qwen2", Q.Q8_0, **SIZES)
     table = _reference_table(path)
     with simulated_tp(rank, 2):
         shard = loader.load_model(str(path), format_options={"kernel_dtype": "float32"})
