@@ -333,10 +333,13 @@ def linear_method_for(
 def embedding_method_for(
     quant_config: QuantizationConfig | None, layer: nn.Module, prefix: str
 ) -> EmbeddingMethodBase | None:
-    """The config's method for a vocabulary embedding, ``None`` to keep it dense (no config, skipped, no answer).
+    """The config's method for a vocabulary embedding, ``None`` to keep it dense.
 
-    A config that answers with another kind of method for an embedding is a
-    plugin bug, reported as a :class:`~loader.errors.PluginError` naming it.
+    Dense when there is no config, it skips the layer, or it answers ``None``
+    or a :class:`LinearMethodBase` — configs written before embeddings asked
+    (answering every layer with their linear method) keep a dense table, as
+    they did. Any other answer is a plugin bug, reported as a
+    :class:`~loader.errors.PluginError` naming the quantization.
     """
     if quant_config is None or quant_config.skip(prefix):
         return None
@@ -349,7 +352,7 @@ def embedding_method_for(
         raise PluginError(
             f"quantization {method_name!r} failed in get_quant_method: {type(exc).__name__}: {exc}"
         ) from exc
-    if method is None:
+    if method is None or isinstance(method, LinearMethodBase):
         return None
     if not isinstance(method, EmbeddingMethodBase):
         raise PluginError(

@@ -137,7 +137,7 @@ def test_each_tp_rank_keeps_and_looks_up_its_own_vocabulary_rows(tiny_gguf, rank
     assert torch.equal(logits[:, embed.real_rows:], torch.zeros_like(logits[:, embed.real_rows:]))
 
 
-def test_a_config_giving_a_linear_method_to_an_embedding_is_named():
+def test_a_config_answering_every_layer_with_its_linear_method_keeps_the_embedding_dense():
     from loader.layers import QuantizationConfig, UnquantizedLinearMethod
 
     class Linear(QuantizationConfig):
@@ -146,6 +146,19 @@ def test_a_config_giving_a_linear_method_to_an_embedding_is_named():
         def get_quant_method(self, layer, prefix):
             return UnquantizedLinearMethod()
 
-    with pytest.raises(PluginError, match=r"^quantization 'linear-only' gave UnquantizedLinearMethod for the "
-                                          r"embedding 'embed'; an embedding needs an EmbeddingMethodBase$"):
-        VocabParallelEmbedding(128, 8, quant_config=Linear(), prefix="embed")
+    embedding = VocabParallelEmbedding(128, 8, quant_config=Linear(), prefix="embed")
+    assert embedding.quant_method is None and embedding.weight.shape == (128, 8)
+
+
+def test_a_config_giving_an_embedding_something_else_is_named():
+    from loader.layers import QuantizationConfig
+
+    class Odd(QuantizationConfig):
+        name = "odd"
+
+        def get_quant_method(self, layer, prefix):
+            return "nf4"
+
+    with pytest.raises(PluginError, match=r"^quantization 'odd' gave str for the embedding 'embed'; "
+                                          r"an embedding needs an EmbeddingMethodBase$"):
+        VocabParallelEmbedding(128, 8, quant_config=Odd(), prefix="embed")
