@@ -37,6 +37,7 @@ from ..weights import CheckpointTensor, ReadStats
 from .budget import check_fits
 from .by_name import load_by_name
 from .factory_dtype import factory_dtype
+from .heap import release_freed_heap
 from .materialize import materialize, parameter_bytes
 from .prepare import PreparedCheckpoint, prepare_checkpoint
 from .progress import checkpoint_size, with_progress
@@ -312,6 +313,7 @@ def _build_and_fill(prepared: PreparedCheckpoint, options: LoadOptions, progress
     if not weight_format.post_processed:
         with torch.no_grad():
             _hooks.process_weights_after_loading(model, quant_config, options.device, host)
+    release_freed_heap()  # what loading and post-processing freed, not kept as RSS
     model.eval()
     model.requires_grad_(False)
     report = LoadReport(

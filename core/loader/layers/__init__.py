@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     )
     from .param_layout import ParamLayout, PartLoader, layout_of, param_shape, set_param_layout, weight_loader_of
     from .quantization import (
+        EmbeddingMethodBase,
         LinearMethodBase,
         QuantizationConfig,
         QuantizeMethodBase,
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Attention",
     "ColumnParallelLinear",
+    "EmbeddingMethodBase",
     "Int4CpuWeight",
     "KERNEL_GROUP_SIZES",
     "KVCache",
@@ -95,6 +97,7 @@ _HOME = {
     "param_shape": "param_layout",
     "set_param_layout": "param_layout",
     "weight_loader_of": "param_layout",
+    "EmbeddingMethodBase": "quantization",
     "LinearMethodBase": "quantization",
     "QuantizationConfig": "quantization",
     "QuantizeMethodBase": "quantization",

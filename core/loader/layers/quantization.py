@@ -34,11 +34,13 @@ if TYPE_CHECKING:
     from ..weights import WeightStream
 
 __all__ = [
+    "EmbeddingMethodBase",
     "LinearMethodBase",
     "QuantizationConfig",
     "QuantizeMethodBase",
     "UnquantizedLinearMethod",
     "WeightLoader",
+    "embedding_method_for",
     "linear_method_for",
 ]
 
@@ -220,6 +222,48 @@ class LinearMethodBase(QuantizeMethodBase):
         """Compute ``x @ W.T + bias`` for this rank's shard."""
 
 
+class EmbeddingMethodBase(QuantizeMethodBase):
+    """Quantize method for the vocabulary embedding (vLLM's ``GGUFEmbeddingMethod`` shape).
+
+    The embedding keeps its vocabulary-row split over ranks; the method owns
+    how this rank's rows are stored (blocks as the file has them) and turns
+    looked-up rows into floats. A head tied to the embedding multiplies with
+    the same storage through :meth:`apply`, so the table is held once.
+    """
+
+    @abc.abstractmethod
+    def create_weights(
+        self,
+        layer: nn.Module,
+        rows_per_partition: int,
+        embedding_dim: int,
+        params_dtype: torch.dtype,
+        weight_loader: WeightLoader,
+        **extra: Any,
+    ) -> None:
+        """Register this rank's parameters on ``layer`` (``rows_per_partition`` padded vocabulary rows).
+
+        ``weight_loader`` is the layer's: it checks the checkpoint tensor's
+        shape, narrows it to this rank's rows and, when the parameter's layout
+        has a ``load_part``, hands the narrowed rows there instead of copying.
+        """
+
+    @abc.abstractmethod
+    def embedding(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """The rows ``ids`` (indices into this rank's shard, all in range) as ``[*ids.shape, embedding_dim]``."""
+
+    @abc.abstractmethod
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ W.T + bias`` over this rank's rows: the logits of a head tied to this embedding."""
+
+    def tie_head(self, layer: nn.Module) -> None:
+        """A head will multiply with ``layer``'s storage (called before loading; default: nothing).
+
+        A method whose lookup storage has no fast matmul decides here or at
+        :meth:`process_weights_after_loading` what the head runs with.
+        """
+
+
 class UnquantizedLinearMethod(LinearMethodBase):
     """Plain dense weights: one ``weight`` parameter ``(sum(output parts), input)``."""
 
@@ -282,5 +326,37 @@ def linear_method_for(
         raise PluginError(
             f"quantization {method_name!r} gave {type(method).__name__} for the linear layer {prefix!r}; "
             "a linear layer needs a LinearMethodBase"
+        )
+    return method
+
+
+def embedding_method_for(
+    quant_config: QuantizationConfig | None, layer: nn.Module, prefix: str
+) -> EmbeddingMethodBase | None:
+    """The config's method for a vocabulary embedding, ``None`` to keep it dense.
+
+    Dense when there is no config, it skips the layer, or it answers ``None``
+    or a :class:`LinearMethodBase` — configs written before embeddings asked
+    (answering every layer with their linear method) keep a dense table, as
+    they did. Any other answer is a plugin bug, reported as a
+    :class:`~loader.errors.PluginError` naming the quantization.
+    """
+    if quant_config is None or quant_config.skip(prefix):
+        return None
+    method_name = quant_config.name or type(quant_config).__name__
+    try:
+        method = quant_config.get_quant_method(layer, prefix)
+    except LoadError:
+        raise
+    except Exception as exc:
+        raise PluginError(
+            f"quantization {method_name!r} failed in get_quant_method: {type(exc).__name__}: {exc}"
+        ) from exc
+    if method is None or isinstance(method, LinearMethodBase):
+        return None
+    if not isinstance(method, EmbeddingMethodBase):
+        raise PluginError(
+            f"quantization {method_name!r} gave {type(method).__name__} for the embedding {prefix!r}; "
+            "an embedding needs an EmbeddingMethodBase"
         )
     return method

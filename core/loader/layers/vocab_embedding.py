@@ -12,6 +12,12 @@ head, :class:`ParallelLMHead` lets that method create its parameters (named as
 in the checkpoint, e.g. ``lm_head.qweight``) and multiply, as vLLM's head does.
 The rows are still split by vocabulary, so a tensor packed along the output dim
 is narrowed in whole packed elements.
+
+The embedding asks the same way (``VocabParallelEmbedding(quant_config=...)``)
+for an :class:`~loader.layers.quantization.EmbeddingMethodBase`, which keeps
+the table as the checkpoint stores it (GGUF blocks) and turns only the
+looked-up rows into floats; a head tied to such an embedding multiplies through
+the embedding's method, so the table is held once.
 """
 
 from __future__ import annotations
@@ -27,8 +33,16 @@ from .._mapped_parameters import fill_parameter
 from .._session import current_session
 from ..errors import UnsupportedError
 from .default_loader import check_shape
-from .param_layout import ParamLayout, layout_of, set_param_layout
-from .quantization import LinearMethodBase, UnquantizedLinearMethod, linear_method_for
+from .param_layout import ParamLayout, layout_of, param_shape, set_param_layout
+from .quantization import (
+    EmbeddingMethodBase,
+    LinearMethodBase,
+    QuantizeMethodBase,
+    UnquantizedLinearMethod,
+    embedding_method_for,
+    linear_method_for,
+)
+from .shard_loading import NarrowedPart
 
 if TYPE_CHECKING:
     from ..weights import CheckpointTensor
@@ -47,8 +61,11 @@ class VocabParallelEmbedding(nn.Module):
 
     ``vocab_start``/``vocab_end`` are this rank's rows of the padded table;
     ids outside them look up zeros here and are filled in by their owner's
-    rank through the all-reduce.
+    rank through the all-reduce. With a ``quant_config`` whose method answers
+    for this embedding, the method creates the parameters and does the lookup.
     """
+
+    quant_method: QuantizeMethodBase | None
 
     def __init__(
         self,
@@ -57,6 +74,7 @@ class VocabParallelEmbedding(nn.Module):
         *,
         params_dtype: torch.dtype | None = None,
         padding_size: int = 64,
+        quant_config: QuantizationConfig | None = None,
         prefix: str = "",
     ) -> None:
         super().__init__()
@@ -77,6 +95,12 @@ class VocabParallelEmbedding(nn.Module):
         )
         set_param_layout(weight, ParamLayout(weight_loader=self.weight_loader, output_dim=0))
         self.weight = weight
+        method = embedding_method_for(quant_config, self, prefix) if quant_config is not None else None
+        self.quant_method = method
+        if method is not None:
+            del self.weight  # the method's parameters replace the dense table (built on meta: nothing allocated)
+            method.create_weights(self, self.num_embeddings_per_partition, embedding_dim, self.params_dtype,
+                                  self.weight_loader)
 
     @property
     def display_name(self) -> str:
@@ -99,10 +123,15 @@ class VocabParallelEmbedding(nn.Module):
             fill_parameter(param, loaded)
             return
         pack = layout.pack_along(output_dim)  # a quantized head's tensor packed along the vocabulary
-        expected = list(param.shape)
+        expected = list(param_shape(param, layout))
         expected[output_dim] = self._stored(self.num_embeddings, pack, "vocabulary size")
         check_shape(loaded, expected, self.display_name)
         rows = self._stored(self.real_rows, pack, "rows of this rank")
+        if layout.load_part is not None:  # a method that keeps the rows its own way (GGUF blocks)
+            start = self._stored(self.vocab_start, pack, "first row of this rank")
+            layout.load_part(param, NarrowedPart(None, loaded.narrow(output_dim, start, rows), loaded, 0, rows,
+                                                 (start, rows), None))
+            return
         if rows:
             mine = loaded.narrow(output_dim, self._stored(self.vocab_start, pack, "first row of this rank"), rows)
             fill_parameter(param, mine, output_dim, 0)
@@ -117,12 +146,17 @@ class VocabParallelEmbedding(nn.Module):
                              f"of {pack} rows")
         return rows // pack
 
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.quant_method, EmbeddingMethodBase):
+            return self.quant_method.embedding(self, ids)
+        return F.embedding(ids, self.weight)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.embedding(input_ids, self.weight)
+            return self._lookup(input_ids)
         outside = (input_ids < self.vocab_start) | (input_ids >= self.vocab_end)
         local = (input_ids - self.vocab_start).masked_fill(outside, 0)
-        out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0)
+        out = self._lookup(local).masked_fill(outside.unsqueeze(-1), 0)
         return _distributed.all_reduce(out)
 
     def extra_repr(self) -> str:
@@ -176,7 +210,12 @@ class ParallelLMHead(VocabParallelEmbedding):
             self.register_parameter("bias", None)
 
     def tie_weights(self, embedding: VocabParallelEmbedding) -> ParallelLMHead:
-        """Use ``embedding``'s weight as this head's weight (same parameter object)."""
+        """Use ``embedding``'s weight as this head's weight (same parameter object).
+
+        An embedding with a quantize method keeps its table its own way: the
+        head then has no weight and multiplies through that method
+        (``EmbeddingMethodBase.apply``) on the embedding's storage.
+        """
         if self.quant_method is not None:
             raise ValueError(f"cannot tie the quantized {self.display_name!r} to {embedding.prefix!r}")
         if (embedding.num_embeddings_padded, embedding.embedding_dim, embedding.tp_rank) != (
@@ -186,11 +225,20 @@ class ParallelLMHead(VocabParallelEmbedding):
                 f"cannot tie {self.prefix!r} to {embedding.prefix!r}: shards differ "
                 f"({embedding.extra_repr()} vs {self.extra_repr()})"
             )
+        if isinstance(embedding.quant_method, EmbeddingMethodBase):
+            del self.weight
+            # a plain attribute, not a submodule: the embedding stays registered once, under the model
+            self.__dict__["tied_embedding"] = embedding
+            embedding.quant_method.tie_head(embedding)
+            return self
         self.weight = embedding.weight
         return self
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        if self.quant_method is not None:
+        tied = self.__dict__.get("tied_embedding")
+        if tied is not None:
+            logits = tied.quant_method.apply(tied, hidden, self.bias)
+        elif self.quant_method is not None:
             logits = self.quant_method.apply(self, hidden, self.bias)
         else:
             logits = F.linear(hidden, self.weight, self.bias)

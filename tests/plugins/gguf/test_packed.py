@@ -84,7 +84,7 @@ def test_packed_logits_agree_with_the_dequantized_float32_model(tiny_gguf, famil
     with torch.no_grad():
         expected = loader.load_model(str(path), dtype="float32")(ids)
         got = packed(ids)
-    assert report.quantization["kernels"] == {"int4": 8}
+    assert report.quantization["kernels"] == {"int4": 8, "blocks+int4" if family == "qwen2" else "blocks": 1}
     assert report.quantization["packed_bytes"] > 0
     assert (got.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.98
     assert relative_error(got, expected) <= 3e-2
@@ -95,7 +95,7 @@ def test_other_block_types_fall_back_per_layer_with_the_reason(tiny_gguf):
     ids = torch.arange(12).view(1, 12)
     model, report = loader.load_model_with_report(str(path), dtype="float32", quantization="gguf")
     layers = report.quantization["layers"]
-    assert report.quantization["kernels"] == {"dequantized": 8}
+    assert report.quantization["kernels"] == {"dequantized": 8, "int8": 1}  # the embedding keeps its Q8_0 codes
     assert layers["model.layers.0.mlp.down_proj"]["reason"] == "ggml type Q8_0 has no packed int4 kernel"
     assert layers["model.layers.0.self_attn.qkv_proj"]["reason"] == "part 'q': ggml type Q8_0 has no packed " \
         "int4 kernel"
@@ -139,7 +139,7 @@ def test_a_fused_layer_with_one_other_block_type_is_dequantized_and_the_rest_sta
     choice = report.quantization["layers"]["model.layers.0.mlp.gate_up_proj"]
     assert choice["kernel"] == "dequantized" and choice["types"] == ("Q4_1", "Q8_0")
     assert choice["reason"] == "part 1: ggml type Q8_0 has no packed int4 kernel"
-    assert report.quantization["kernels"] == {"int4": 7, "dequantized": 1}
+    assert report.quantization["kernels"] == {"int4": 7, "dequantized": 1, "blocks": 1}
     dense = loader.load_model(str(path), dtype="float32")  # random Q8_0 blocks: compare weights, not logits
     name = "model.layers.0.mlp.gate_up_proj.weight"
     torch.testing.assert_close(dict(packed.named_parameters())[name], dict(dense.named_parameters())[name],
@@ -208,7 +208,7 @@ def test_q4_k_layers_stay_packed_and_agree_with_the_dequantized_model(tiny_gguf)
     ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
     packed, report = loader.load_model_with_report(str(path))
     assert report.dtype == "float32"
-    assert report.quantization["kernels"] == {"int4": 8}
+    assert report.quantization["kernels"] == {"int4": 8, "blocks": 1}
     assert set(report.quantization["layers"]["model.layers.0.mlp.down_proj"]) >= {"kernel", "reason",
                                                                                  "packed_bytes"}
     with torch.no_grad():
@@ -231,7 +231,7 @@ def test_the_default_keeps_gguf_packed_and_float32_or_the_option_dequantizes(tin
     assert report.dtype == dtype
     assert (report.quantization is not None) == packed
     if packed:
-        assert report.quantization["kernels"] == {"int4": 8}
+        assert report.quantization["kernels"] == {"int4": 8, "blocks": 1}
         assert report.quantization["kernel_dtype"] == "bfloat16"
     assert model.model.norm.weight.dtype == getattr(torch, dtype)
 
@@ -287,7 +287,7 @@ def test_a_tp_split_inside_a_q4_k_super_block_keeps_its_32_groups_packed(tiny_gg
     whole = loader.load_model(str(path))
     with simulated_tp(rank, 2):
         shard, report = loader.load_model_with_report(str(path))
-    assert report.quantization["kernels"] == {"int4": 8}
+    assert report.quantization["kernels"] == {"int4": 8, "blocks": 1}
     for name in ("model.layers.0.self_attn.o_proj", "model.layers.1.mlp.down_proj"):
         full = _packed(whole, name)
         width = full.shape[1] // 2

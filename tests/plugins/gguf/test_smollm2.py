@@ -91,7 +91,10 @@ def test_packed_int4_answers_paris_and_agrees_with_the_dequantized_model(loaded,
 
     reference, bundle = loaded
     packed, report = loader.load_model_with_report(str(smollm2), dtype="float32", quantization="gguf")
-    assert report.quantization["kernels"] == {"int4": 120}
+    assert report.quantization["kernels"] == {"int4": 120, "int8": 1}  # the tied Q8_0 embedding keeps its codes
+    embed = report.quantization["layers"]["model.embed_tokens"]
+    assert embed["types"] == ("Q8_0",) and embed["reason"] is None
+    assert embed["packed_bytes"] == 49152 * 576 + 49152 * 18 * 4  # int8 codes + float32 block scales
     ids = torch.tensor([encode_prompt(bundle, QUESTION, chat=True)])
     with torch.no_grad():
         got, expected = packed(ids), reference(ids)
@@ -119,7 +122,10 @@ def test_the_default_load_keeps_weights_packed_and_agrees_with_float32_on_chat_p
     reference, bundle = loaded
     packed, report = loader.load_model_with_report(str(smollm2))
     assert report.dtype == "float32"
-    assert report.quantization["kernels"] == {"int4": 120}
+    assert report.quantization["kernels"] == {"int4": 120, "int8": 1}  # the tied Q8_0 embedding keeps its codes
+    embed = report.quantization["layers"]["model.embed_tokens"]
+    assert embed["types"] == ("Q8_0",) and embed["reason"] is None
+    assert embed["packed_bytes"] == 49152 * 576 + 49152 * 18 * 4  # int8 codes + float32 block scales
     for prompt in CHAT_PROMPTS:
         ids = torch.tensor([encode_prompt(bundle, prompt, chat=True)])
         with torch.no_grad():

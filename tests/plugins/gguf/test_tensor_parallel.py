@@ -66,7 +66,8 @@ def test_two_ranks_packed_give_the_single_process_packed_logits(tp_run, case):
 
     A packed row-parallel layer (o_proj, down_proj) adds two bfloat16 kernel outputs where tp=1 rounds one
     sum, so the packed Q4_0 model differs by that rounding (measured 2.4e-3) even with float32 activations
-    (GGUF's default); the float32 kernel below meets 1e-5.
+    (GGUF's default); the float32 kernel below meets 1e-5. A tied Q8_0 head is bfloat16 outside the top 64
+    logits each rank recomputes exactly (the ranks' top 64 of their own rows, not tp=1's).
     """
     files, ranks = tp_run
     path = files[case]
@@ -74,7 +75,7 @@ def test_two_ranks_packed_give_the_single_process_packed_logits(tp_run, case):
     packed, report = loader.load_model_with_report(str(path))
     with torch.no_grad():
         expected = packed(ids)
-    tolerance = 1e-2 if report.quantization["kernels"].get("int4") else 1e-5
+    tolerance = 1e-2 if {"int4", "int8"} & set(report.quantization["kernels"]) else 1e-5
     got = [torch.load(rank[str(path)]["packed_logits"]) for rank in ranks]
     assert torch.equal(got[0], got[1])
     assert relative_error(got[0], expected) <= tolerance

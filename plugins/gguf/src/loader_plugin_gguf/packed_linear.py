@@ -51,8 +51,10 @@ from loader.layers import (
     Int4CpuWeight,
     LinearBase,
     LinearMethodBase,
+    ParallelLMHead,
     ParamLayout,
     QuantizationConfig,
+    VocabParallelEmbedding,
     WeightLoader,
     int4_unsupported_reason,
     pack_int4,
@@ -153,8 +155,16 @@ class GGUFQuantConfig(QuantizationConfig):
         }
 
     def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
-        """:class:`GGUFLinearMethod` for every parallel linear layer (embeddings stay as today)."""
-        return GGUFLinearMethod(self) if isinstance(layer, LinearBase) else None
+        """:class:`GGUFLinearMethod` for every parallel linear layer, and
+        :class:`~loader_plugin_gguf.embedding.GGUFEmbeddingMethod` for the token embedding (an untied output
+        head stays dense)."""
+        if isinstance(layer, LinearBase):
+            return GGUFLinearMethod(self)
+        if isinstance(layer, VocabParallelEmbedding) and not isinstance(layer, ParallelLMHead):
+            from .embedding import GGUFEmbeddingMethod  # it imports this module
+
+            return GGUFEmbeddingMethod(self)
+        return None
 
 
 @attrs.define

@@ -164,7 +164,8 @@ class LlamaModel(nn.Module):
     ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(
-            config.vocab_size, config.hidden_size, params_dtype=params_dtype, prefix=f"{prefix}.embed_tokens"
+            config.vocab_size, config.hidden_size, params_dtype=params_dtype, quant_config=quant_config,
+            prefix=f"{prefix}.embed_tokens",
         )
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(

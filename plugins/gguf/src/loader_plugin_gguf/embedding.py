@@ -1,0 +1,273 @@
+"""The GGUF token embedding keeps its blocks; a tied output head multiplies with the same bytes.
+
+Dequantized, SmolLM2's Q8_0 embedding (49152 x 576, 30 MB of blocks) becomes
+113 MB of float32, more than every packed linear together. Kept, a lookup
+dequantizes only the rows asked for, with the plugin's own kernels
+(:mod:`.dequantize`), so a row is bit-equal to gguf-py dequantizing the whole
+tensor and indexing it. Stored per type:
+
+- Q8_0: int8 codes ``[cols / 32, rows, 32]`` and the blocks' ``d`` as float32
+  ``[cols / 32, rows]`` (a code times a widened float16 is exact in float32, so
+  a row is ``codes * d``, bit-equal). The layout serves the tied head: each
+  32-column slice of codes is one contiguous int8 matrix for torch's
+  ``_weight_int8pack_mm`` with that block's ``d`` as its per-row scale, and the
+  head sums the 18 (for 576 columns) partial products — exact math on the
+  stored codes, rounded only as the kernel dtype rounds. The kernel's dtype is
+  the linears' (bfloat16; ``kernel_dtype=float32`` for float32): in float32
+  torch's int8 kernel is slow (SmolLM2 decode 12 tok/s against 45 in
+  bfloat16), and bfloat16 logits flip near-ties, so a float32 load recomputes
+  each position's top 64 logits exactly from their looked-up rows
+  (:meth:`GGUFEmbeddingMethod._refine_top`).
+- every other type: the raw blocks ``uint8 [rows, row_bytes]``. A tied head of
+  Q4_0/Q4_1/Q4_K adds torch's packed int4 weight built from the same blocks
+  (:mod:`.q4_blocks`; lookups stay exact from the blocks).
+
+A tied head of a type with neither kernel (Q5_x, Q6_K, Q2_K/Q3_K/Q5_K, F16,
+...) would dequantize the whole table for every token, so that embedding is
+dequantized at load as before, with the reason in the load report; so is
+one loaded to a device other than the CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, cast
+
+import attrs
+import torch
+from gguf.constants import GGMLQuantizationType
+
+from loader.errors import CheckpointFormatError, UnsupportedError
+from loader.layers import (
+    EmbeddingMethodBase,
+    Int4CpuWeight,
+    ParamLayout,
+    WeightLoader,
+    int4_unsupported_reason,
+    pack_int4,
+    set_param_layout,
+)
+
+from .dequantize import block_shape, dequantize_into
+from .kernels_legacy import half_at
+from .packed_linear import METHOD_NAME, LayerChoice, kernel_dtype_for
+from .q4_blocks import GROUP_SIZE, PACKED_TYPES, affine_rows
+from .tensors import GGUFTensor
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from loader.layers import NarrowedPart
+
+    from .packed_linear import GGUFQuantConfig
+
+__all__ = ["GGUFEmbeddingMethod", "GGUFEmbeddingState", "HEAD_KERNEL_TYPES"]
+
+Q = GGMLQuantizationType
+HEAD_KERNEL_TYPES = (Q.Q8_0, *PACKED_TYPES)
+"""Block types a tied head multiplies with directly (int8 codes per block, or packed int4)."""
+
+
+@attrs.define
+class GGUFEmbeddingState:
+    """This rank's table size, the narrowed rows handed in, whether a head is tied, and what was kept."""
+
+    prefix: str
+    rows: int
+    cols: int
+    params_dtype: torch.dtype
+    part: NarrowedPart | None = None
+    tied: bool = False
+    ggml_type: int | None = None
+    kernel_dtype: torch.dtype = torch.bfloat16
+    choice: LayerChoice | None = None
+
+
+REFINED_LOGITS = 64
+"""Top logits per position a Q8_0 head recomputes exactly when its kernel is narrower than the activations."""
+
+
+def _buffer(layer: nn.Module, name: str) -> torch.Tensor:
+    return cast(torch.Tensor, getattr(layer, name))
+
+
+class GGUFEmbeddingMethod(EmbeddingMethodBase):
+    """One vocabulary embedding of a GGUF file: rows kept as blocks, dequantized when looked up."""
+
+    layer_state_attr = "gguf_state"
+
+    def __init__(self, config: GGUFQuantConfig) -> None:
+        self.config = config
+
+    def create_weights(self, layer: nn.Module, rows_per_partition: int, embedding_dim: int,
+                       params_dtype: torch.dtype, weight_loader: WeightLoader, **extra: Any) -> None:
+        # a placeholder until the block type is known; the layer's loader checks the shape and narrows the rows
+        weight = torch.nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
+        set_param_layout(weight, ParamLayout(weight_loader=weight_loader, output_dim=0,
+                                             logical_shape=(rows_per_partition, embedding_dim),
+                                             load_part=functools.partial(self._record, layer)))
+        layer.register_parameter("weight", weight)
+        prefix = str(getattr(layer, "display_name", type(layer).__name__))
+        self.set_layer_state(layer, GGUFEmbeddingState(prefix, rows_per_partition, embedding_dim, params_dtype))
+
+    def _record(self, layer: nn.Module, param: torch.Tensor, part: NarrowedPart) -> None:
+        """Remember this rank's rows (nothing is read until the type and the head are known)."""
+        if not isinstance(part.narrowed, GGUFTensor):
+            raise UnsupportedError(
+                f"{part.narrowed.describe()}: quantization={METHOD_NAME!r} keeps GGUF blocks, but this tensor "
+                "does not come from a GGUF file; load it without that option"
+            )
+        self.layer_state(layer, GGUFEmbeddingState).part = part
+
+    def tie_head(self, layer: nn.Module) -> None:
+        self.layer_state(layer, GGUFEmbeddingState).tied = True
+
+    def _fallback_reason(self, state: GGUFEmbeddingState, window: GGUFTensor, device: torch.device) -> str | None:
+        if device.type != "cpu":
+            return f"GGUF blocks are looked up on the CPU, not {device}"
+        if state.tied and window.info.ggml_type not in HEAD_KERNEL_TYPES:
+            return (f"ggml type {window.stored_type} has no kernel for the tied output head "
+                    f"({', '.join(Q(t).name for t in HEAD_KERNEL_TYPES)} have)")
+        if state.tied and window.info.ggml_type in PACKED_TYPES:
+            return int4_unsupported_reason(state.rows, state.cols, GROUP_SIZE)
+        return None
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Keep the rows' blocks (Q8_0: codes and scales), or dequantize the table when no kernel fits."""
+        state = self.layer_state(layer, GGUFEmbeddingState)
+        if state.choice is not None:
+            return
+        if state.part is None:
+            raise CheckpointFormatError(f"{state.prefix}: no embedding tensor was loaded")
+        window = state.part.narrowed
+        assert isinstance(window, GGUFTensor)
+        device = _buffer(layer, "weight").device
+        state.ggml_type = window.info.ggml_type
+        state.kernel_dtype = self.config.kernel_dtype or kernel_dtype_for(state.params_dtype)
+        types = (window.stored_type,)
+        reason = self._fallback_reason(state, window, device)
+        real = window.shape[0]
+        delattr(layer, "weight")
+        if reason is not None:
+            dense = torch.zeros(state.rows, state.cols, dtype=state.params_dtype, device=device)
+            dense[:real].copy_(window.read(state.params_dtype))
+            layer.register_parameter("weight", torch.nn.Parameter(dense, requires_grad=False))
+            state.choice = LayerChoice("dequantized", types, 0, reason)
+        elif state.ggml_type == Q.Q8_0:
+            state.choice = LayerChoice("int8", types, self._keep_q8_0(layer, state, window))
+        else:
+            size = self._keep_blocks(layer, state, window)
+            kernel = "blocks"
+            if state.tied:
+                size += self._pack_head(layer, state, window)
+                kernel = "blocks+int4"
+            state.choice = LayerChoice(kernel, types, size)
+        state.part = None
+        self.config.layer_log[state.prefix] = state.choice
+
+    @staticmethod
+    def _keep_q8_0(layer: nn.Module, state: GGUFEmbeddingState, window: GGUFTensor) -> int:
+        raw, _ = window.enclosing_blocks()
+        window.stats.add(raw.numel(), tensors=1)
+        block, size = block_shape(Q.Q8_0)
+        groups, real = state.cols // block, raw.shape[0]
+        blocks = raw.reshape(real, groups, size)
+        codes = torch.zeros(groups, state.rows, block, dtype=torch.int8)
+        codes[:, :real].copy_(blocks[:, :, 2:].transpose(0, 1).view(torch.int8))
+        scales = torch.zeros(groups, state.rows, dtype=torch.float32)
+        scales[:, :real].copy_(half_at(blocks.reshape(-1, size), 0).view(real, groups).t())
+        layer.register_buffer("q8_codes", codes)
+        layer.register_buffer("q8_scales", scales)
+        return codes.numel() + scales.numel() * scales.element_size()
+
+    @staticmethod
+    def _keep_blocks(layer: nn.Module, state: GGUFEmbeddingState, window: GGUFTensor) -> int:
+        raw, _ = window.enclosing_blocks()
+        window.stats.add(raw.numel(), tensors=1)
+        blocks = torch.zeros(state.rows, raw.shape[1], dtype=torch.uint8)  # zero bytes dequantize to 0.0
+        blocks[: raw.shape[0]].copy_(raw)
+        layer.register_buffer("blocks", blocks)
+        return blocks.numel()
+
+    @staticmethod
+    def _pack_head(layer: nn.Module, state: GGUFEmbeddingState, window: GGUFTensor) -> int:
+        decoded = affine_rows(window)
+        pad = state.rows - decoded.codes.shape[0]
+        codes = torch.nn.functional.pad(decoded.codes, (0, 0, 0, pad))
+        scales = torch.nn.functional.pad(decoded.scales, (0, pad))
+        biases = torch.nn.functional.pad(decoded.biases, (0, pad))
+        packed = pack_int4(codes, scales, biases, GROUP_SIZE, state.kernel_dtype)
+        layer.register_buffer("packed_weight", packed.data)
+        layer.register_buffer("packed_scales_and_zeros", packed.scales_and_zeros)
+        sz = packed.scales_and_zeros
+        return packed.data.numel() + sz.numel() * sz.element_size()
+
+    def _state(self, layer: nn.Module) -> GGUFEmbeddingState:
+        state = self.layer_state(layer, GGUFEmbeddingState)
+        if state.choice is None:
+            raise RuntimeError(f"{state.prefix}: weights are not processed yet")
+        return state
+
+    def embedding(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        state = self._state(layer)
+        kernel = cast(LayerChoice, state.choice).kernel
+        if kernel == "dequantized":
+            return torch.nn.functional.embedding(ids, _buffer(layer, "weight"))
+        flat = ids.reshape(-1)
+        if kernel == "int8":
+            codes = _buffer(layer, "q8_codes")[:, flat]  # [groups, n, 32]
+            scales = _buffer(layer, "q8_scales")[:, flat]
+            rows = (codes.to(torch.float32) * scales.unsqueeze(-1)).transpose(0, 1).reshape(-1, state.cols)
+        else:
+            rows = torch.empty(flat.numel(), state.cols, dtype=torch.float32, device=flat.device)
+            dequantize_into(_buffer(layer, "blocks").index_select(0, flat), cast(int, state.ggml_type), rows)
+        return rows.to(state.params_dtype).view(*ids.shape, state.cols)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """The tied head's logits ``x @ W.T`` over this rank's rows, from the embedding's storage."""
+        state = self._state(layer)
+        kernel = cast(LayerChoice, state.choice).kernel
+        if kernel == "dequantized":
+            return torch.nn.functional.linear(x, _buffer(layer, "weight"), bias)
+        dtype = state.kernel_dtype
+        if kernel == "int8":
+            flat = x.reshape(-1, state.cols)
+            out = self._int8_head(layer, flat.to(dtype), dtype)
+            if dtype.itemsize < x.dtype.itemsize:
+                self._refine_top(layer, flat, out)
+        elif kernel == "blocks+int4":
+            packed = Int4CpuWeight(_buffer(layer, "packed_weight"), _buffer(layer, "packed_scales_and_zeros"),
+                                   GROUP_SIZE, state.cols)
+            out = packed.matmul(x.reshape(-1, state.cols).to(dtype))
+        else:
+            raise RuntimeError(f"{state.prefix}: no output head is tied to this embedding")
+        out = out.to(x.dtype).view(*x.shape[:-1], state.rows)
+        return out if bias is None else out + bias.to(out.dtype)
+
+    def _refine_top(self, layer: nn.Module, x: torch.Tensor, out: torch.Tensor) -> None:
+        """Recompute each position's :data:`REFINED_LOGITS` largest logits exactly, in ``x``'s dtype, in place.
+
+        The kernel rounds every block's partial product to bfloat16, enough to
+        swap near-tied top tokens (SmolLM2: top-1 agreement with the float32
+        model 0.973); the true top token is among the kernel's top 64 unless
+        the rounding moves a logit by more than the gap to the 64th, so greedy
+        decoding sees float32 logits where it looks. The rows come from the
+        exact lookup (:meth:`embedding`): 64 rows per position, not the table.
+        """
+        k = min(REFINED_LOGITS, out.shape[1])
+        top = out.topk(k, dim=1).indices  # [m, k]
+        rows = self.embedding(layer, top).to(x.dtype)  # [m, k, cols]
+        exact = torch.bmm(rows, x.unsqueeze(-1)).squeeze(-1)
+        out.scatter_(1, top, exact.to(out.dtype))
+
+    @staticmethod
+    def _int8_head(layer: nn.Module, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``sum_g (x_g @ codes_g.T) * d_g``: one int8 matmul per 32-column block, its ``d`` as the row scale."""
+        codes = _buffer(layer, "q8_codes")
+        scales = _buffer(layer, "q8_scales").to(dtype)
+        block = codes.shape[2]
+        out = torch.zeros(x.shape[0], codes.shape[1], dtype=torch.float32, device=x.device)
+        for g in range(codes.shape[0]):
+            part = x[:, g * block:(g + 1) * block].contiguous()
+            out += torch.ops.aten._weight_int8pack_mm(part, codes[g], scales[g])
+        return out
