@@ -32,12 +32,12 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.checkpoints import ensure_checkpoint, shard_files, warm_page_cache
+from benchmarks.checkpoints import ensure_checkpoint, shard_files
 from benchmarks.host_memory import warm_host_memory
 from benchmarks.machine import describe_environment, describe_machine, describe_software
 from benchmarks.paths import PATHS
 from benchmarks.report import replace_block
-from benchmarks.runner import REPO_ROOT, run_path
+from benchmarks.runner import REPO_ROOT, measure_rotating
 
 BENCH_DIR = Path(__file__).resolve().parent
 NAMES = ("loader", "torch_load_mmap", "transformers")
@@ -75,27 +75,7 @@ def bin_files(folder: Path) -> list[Path]:
 
 def measure(folder: Path, reps: int, out_dir: Path) -> dict[str, dict[str, Any]]:
     """Each path ``reps`` times (plus one warm-up), the order rotating; records per path."""
-    pycache = out_dir / "pycache"
-    files = bin_files(folder)
-    for name in NAMES:
-        run_path(PATHS[name], folder, 900, pycache)  # warm-up: bytecode and registry caches
-    records: dict[str, list[dict[str, Any]]] = {name: [] for name in NAMES}
-    for rep in range(reps):
-        order = NAMES[rep % len(NAMES):] + NAMES[:rep % len(NAMES)]
-        for name in order:
-            warm_page_cache(files)
-            records[name].extend(run_path(PATHS[name], folder, 900, pycache))
-    summary: dict[str, dict[str, Any]] = {}
-    for name, runs in records.items():
-        good = [r for r in runs if r.get("ok")]
-        summary[name] = {
-            "label": PATHS[name].label,
-            "seconds": [r["load_seconds"] for r in good],
-            "peak_rss": [r["peak_rss_bytes"] for r in good],
-            "growth": [r["peak_rss_bytes"] - r["baseline_rss_bytes"] for r in good],
-            "errors": [r.get("error") for r in runs if not r.get("ok")],
-        }
-    return summary
+    return measure_rotating([PATHS[name] for name in NAMES], folder, bin_files(folder), reps, out_dir, 900)
 
 
 def render(summary: dict[str, dict[str, Any]], meta: dict[str, str]) -> str:

@@ -22,11 +22,11 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.checkpoints import ensure_checkpoint, shard_files, warm_page_cache
+from benchmarks.checkpoints import ensure_checkpoint, shard_files
 from benchmarks.machine import describe_environment, describe_machine, describe_software
 from benchmarks.paths import PATHS
 from benchmarks.report import replace_block
-from benchmarks.runner import REPO_ROOT, run_path
+from benchmarks.runner import REPO_ROOT, measure_rotating
 
 BENCH_DIR = Path(__file__).resolve().parent
 NAMES = ("loader_fallback", "transformers")
@@ -38,28 +38,8 @@ def _median(values: list[float]) -> float | None:
 
 
 def measure(folder: Path, reps: int, out_dir: Path) -> dict[str, dict[str, Any]]:
-    """Each path ``reps`` times (plus one warm-up), alternating; records per path."""
-    pycache = out_dir / "pycache"
-    files = shard_files(folder)
-    for name in NAMES:
-        run_path(PATHS[name], folder, 600, pycache)  # warm-up: bytecode and registry caches
-    records: dict[str, list[dict[str, Any]]] = {name: [] for name in NAMES}
-    for rep in range(reps):
-        order = NAMES if rep % 2 == 0 else tuple(reversed(NAMES))
-        for name in order:
-            warm_page_cache(files)
-            records[name].extend(run_path(PATHS[name], folder, 600, pycache))
-    summary: dict[str, dict[str, Any]] = {}
-    for name, runs in records.items():
-        good = [r for r in runs if r.get("ok")]
-        summary[name] = {
-            "label": PATHS[name].label,
-            "seconds": [r["load_seconds"] for r in good],
-            "peak_rss": [r["peak_rss_bytes"] for r in good],
-            "growth": [r["peak_rss_bytes"] - r["baseline_rss_bytes"] for r in good],
-            "errors": [r.get("error") for r in runs if not r.get("ok")],
-        }
-    return summary
+    """Each path ``reps`` times (plus one warm-up), the order rotating; records per path."""
+    return measure_rotating([PATHS[name] for name in NAMES], folder, shard_files(folder), reps, out_dir, 600)
 
 
 def render(summary: dict[str, dict[str, Any]], meta: dict[str, str]) -> str:

@@ -100,3 +100,36 @@ def run_path(path: MeasuredPath, source: Path, timeout: float, pycache: Path | N
                 records.append({"path": path.name, "rank": rank, "ok": False, "stage": "process",
                                 "error": error or "the child wrote no result"})
     return records
+
+
+def measure_rotating(paths: list[MeasuredPath], source: Path, files: list[Path], reps: int, out_dir: Path,
+                     timeout: float = 600) -> dict[str, dict[str, Any]]:
+    """Each path ``reps`` times after one untimed warm-up, the order rotating, the page cache warmed before
+    every run; per path: label, seconds, peak RSS, growth over the RSS after import, and the errors.
+
+    The single-purpose benchmarks (``bench_fallback.py``, ``bench_bin_read.py``) share it, so their rows
+    follow the same rules as ``run_all.py``'s.
+    """
+    from .checkpoints import warm_page_cache
+
+    pycache = out_dir / "pycache"
+    for path in paths:
+        run_path(path, source, timeout, pycache)  # warm-up: bytecode and registry caches
+    records: dict[str, list[dict[str, Any]]] = {path.name: [] for path in paths}
+    for rep in range(reps):
+        shift = rep % len(paths)
+        for path in paths[shift:] + paths[:shift]:
+            warm_page_cache(files)
+            records[path.name].extend(run_path(path, source, timeout, pycache))
+    summary: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        runs = records[path.name]
+        good = [r for r in runs if r.get("ok")]
+        summary[path.name] = {
+            "label": path.label,
+            "seconds": [r["load_seconds"] for r in good],
+            "peak_rss": [r["peak_rss_bytes"] for r in good],
+            "growth": [r["peak_rss_bytes"] - r["baseline_rss_bytes"] for r in good],
+            "errors": [r.get("error") for r in runs if not r.get("ok")],
+        }
+    return summary

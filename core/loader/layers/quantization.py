@@ -300,6 +300,25 @@ class UnquantizedLinearMethod(LinearMethodBase):
         return F.linear(x, cast(torch.Tensor, layer.weight), bias)
 
 
+def _method_name(quant_config: QuantizationConfig | None) -> str:
+    return (quant_config.name or type(quant_config).__name__) if quant_config is not None else "none"
+
+
+def _asked_method(quant_config: QuantizationConfig | None, layer: nn.Module,
+                  prefix: str) -> QuantizeMethodBase | None:
+    """The config's answer for ``layer`` (``None``: no config, or the config skips it); its bugs become a
+    :class:`~loader.errors.PluginError` naming the quantization."""
+    if quant_config is None or quant_config.skip(prefix):
+        return None
+    try:
+        return quant_config.get_quant_method(layer, prefix)
+    except LoadError:
+        raise
+    except Exception as exc:
+        raise PluginError(f"quantization {_method_name(quant_config)!r} failed in get_quant_method: "
+                          f"{type(exc).__name__}: {exc}") from exc
+
+
 def linear_method_for(
     quant_config: QuantizationConfig | None, layer: nn.Module, prefix: str
 ) -> LinearMethodBase:
@@ -309,19 +328,10 @@ def linear_method_for(
     or a method that is not a linear one) becomes a :class:`~loader.errors.PluginError`
     naming the quantization, not the model being built.
     """
-    if quant_config is None or quant_config.skip(prefix):
-        return UnquantizedLinearMethod()
-    method_name = quant_config.name or type(quant_config).__name__
-    try:
-        method = quant_config.get_quant_method(layer, prefix)
-    except LoadError:
-        raise
-    except Exception as exc:
-        raise PluginError(
-            f"quantization {method_name!r} failed in get_quant_method: {type(exc).__name__}: {exc}"
-        ) from exc
+    method = _asked_method(quant_config, layer, prefix)
     if method is None:
         return UnquantizedLinearMethod()
+    method_name = _method_name(quant_config)
     if not isinstance(method, LinearMethodBase):
         raise PluginError(
             f"quantization {method_name!r} gave {type(method).__name__} for the linear layer {prefix!r}; "
@@ -341,19 +351,10 @@ def embedding_method_for(
     they did. Any other answer is a plugin bug, reported as a
     :class:`~loader.errors.PluginError` naming the quantization.
     """
-    if quant_config is None or quant_config.skip(prefix):
-        return None
-    method_name = quant_config.name or type(quant_config).__name__
-    try:
-        method = quant_config.get_quant_method(layer, prefix)
-    except LoadError:
-        raise
-    except Exception as exc:
-        raise PluginError(
-            f"quantization {method_name!r} failed in get_quant_method: {type(exc).__name__}: {exc}"
-        ) from exc
+    method = _asked_method(quant_config, layer, prefix)
     if method is None or isinstance(method, LinearMethodBase):
         return None
+    method_name = _method_name(quant_config)
     if not isinstance(method, EmbeddingMethodBase):
         raise PluginError(
             f"quantization {method_name!r} gave {type(method).__name__} for the embedding {prefix!r}; "
