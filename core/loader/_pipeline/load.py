@@ -263,17 +263,27 @@ def load_model_with_report(
         return _load(source, options, dtype, progress, start, session.host)
 
 
+def resolve_options(prepared: PreparedCheckpoint, options: LoadOptions, dtype_arg: Any) -> LoadOptions:
+    """``options`` with the dtype resolved against the checkpoint, and what quantization detection needs to know.
+
+    No dtype asked for means the format's default (``"bfloat16"``; GGUF says ``"auto"``, see
+    :class:`~loader.checkpoint.WeightFormat`). ``extra`` gains ``dtype_auto`` and ``weight_format``, which a
+    plugin's ``loader_detect_quantization`` reads (GGUF keeps blocks packed for ``auto``). A load and
+    ``loader inspect --layers`` both resolve through here, so a plan shows what the load will do.
+    """
+    requested = prepared.weight_format.default_dtype if dtype_arg is None else dtype_arg
+    dtype = _resolve_dtype(requested, prepared.hf_config)
+    extra = {**options.extra, "dtype_auto": isinstance(requested, str) and requested == "auto",
+             "weight_format": prepared.weight_format.name}
+    return attrs.evolve(options, dtype=dtype, extra=extra)
+
+
 def _load(source: str, options: LoadOptions, dtype_arg: Any, progress: bool, start: float,
           host: PluginHost | None) -> tuple[nn.Module, LoadReport]:
     try:
         prepared = prepare_checkpoint(source, options, host)
-        # no dtype asked for: the format's default ("bfloat16"; GGUF says "auto", see WeightFormat)
-        requested = prepared.weight_format.default_dtype if dtype_arg is None else dtype_arg
-        dtype = _resolve_dtype(requested, prepared.hf_config)
-        extra = {**options.extra, "dtype_auto": isinstance(requested, str) and requested == "auto",
-                 "weight_format": prepared.weight_format.name}
-        options = attrs.evolve(options, dtype=dtype, extra=extra)
-        with load_session(attrs.evolve(current_session(), dtype=dtype)):
+        options = resolve_options(prepared, options, dtype_arg)
+        with load_session(attrs.evolve(current_session(), dtype=options.dtype)):
             return _build_and_fill(prepared, options, progress, start, host)
     except BaseException as exc:
         # Never hand out, or keep alive, a half-loaded model: drop the locals of the

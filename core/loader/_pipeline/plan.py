@@ -16,14 +16,14 @@ import attrs
 from .._plugins import PluginHost
 from .._session import LoadSession, current_session, load_session
 from ..errors import LoadError, PluginError
-from .load import _build, _resolve_dtype, build_options
+from .load import _build, build_options, resolve_options
 from .prepare import prepare_checkpoint
 
 __all__ = ["plan_layers"]
 
 
 def plan_layers(
-    source: str, *, dtype: Any = "auto", device: str = "cpu", load_format: str = "auto",
+    source: str, *, dtype: Any = None, device: str = "cpu", load_format: str = "auto",
     quantization: str | None = None, quantization_options: Mapping[str, Any] | None = None,
     revision: str | None = None, model_impl: str = "auto", host: PluginHost | None = None,
 ) -> dict[str, Any]:
@@ -36,9 +36,9 @@ def plan_layers(
                           tp_size=outer.tp_size, dtype=options.dtype, device=options.device)
     with load_session(session):
         prepared = prepare_checkpoint(source, options, session.host)
-        resolved = _resolve_dtype(dtype, prepared.hf_config)
-        with load_session(attrs.evolve(current_session(), dtype=resolved)):
-            _, model, quant_config = _build(prepared, attrs.evolve(options, dtype=resolved), resolved, session.host)
+        options = resolve_options(prepared, options, dtype)
+        with load_session(attrs.evolve(current_session(), dtype=options.dtype)):
+            _, model, quant_config = _build(prepared, options, options.dtype, session.host)
             layers = {name: _plan(module, name, quant_config) for name, module in model.named_modules()
                       if _method(module) is not None}
     return {"quantization": quant_config.describe() if quant_config is not None else None, "layers": layers}
