@@ -38,3 +38,29 @@ def test_the_byte_level_packing_gives_torch_s_own_int4_layout(n):
     codes = torch.randint(0, 16, (96, n), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))  # [K, N]
     expected = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.t().to(torch.int32).contiguous(), 1)
     assert torch.equal(_int4pack_bytes(codes.t()), expected)
+
+
+@pytest.mark.parametrize("n", [16, 48, 64, 80, 144, 256])
+def test_half_split_packing_gives_the_same_weight_as_packing_the_codes(n):
+    """Codes still two per byte (GGML's order: column p low, p + 16 high) pack to pack_int4's bytes and scales."""
+    from loader.layers import pack_int4, pack_int4_half_split
+
+    generator = torch.Generator().manual_seed(n)
+    blocks = torch.randint(0, 256, (n, 3, 20), dtype=torch.uint8, generator=generator)
+    qs = blocks[:, :, 4:]  # strided, as a view into GGUF blocks is
+    codes = torch.cat((qs & 0x0F, qs >> 4), dim=2).reshape(n, 96)
+    scales, biases = torch.rand(3, n, generator=generator), torch.rand(3, n, generator=generator)
+    expected = pack_int4(codes, scales, biases, 32)
+    got = pack_int4_half_split(qs, scales, biases)
+    assert got.packed and torch.equal(got.data, expected.data)
+    assert torch.equal(got.scales_and_zeros, expected.scales_and_zeros)
+    x = torch.randn(2, 96, generator=generator).to(torch.bfloat16)
+    assert torch.equal(got.matmul(x), expected.matmul(x))
+
+
+def test_half_split_packing_rejects_groups_that_are_not_32_columns():
+    from loader.layers import pack_int4_half_split
+
+    qs = torch.zeros(16, 2, 8, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"half-split codes \(16, 2, 8\) do not hold groups of 32 columns"):
+        pack_int4_half_split(qs, torch.ones(2, 16), torch.zeros(2, 16))

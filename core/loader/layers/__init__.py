@@ -17,7 +17,13 @@ if TYPE_CHECKING:
     from .activation import SiluAndMul
     from .attention import Attention, KVCache
     from .default_loader import default_weight_loader
-    from .int4_cpu import KERNEL_GROUP_SIZES, Int4CpuWeight, int4_unsupported_reason, pack_int4
+    from .int4_cpu import (
+        KERNEL_GROUP_SIZES,
+        Int4CpuWeight,
+        int4_unsupported_reason,
+        pack_int4,
+        pack_int4_half_split,
+    )
     from .layernorm import RMSNorm
     from .linear import (
         ColumnParallelLinear,
@@ -71,6 +77,7 @@ __all__ = [
     "int4_unsupported_reason",
     "layout_of",
     "pack_int4",
+    "pack_int4_half_split",
     "param_shape",
     "set_param_layout",
     "weight_loader_of",
@@ -86,6 +93,7 @@ _HOME = {
     "KERNEL_GROUP_SIZES": "int4_cpu",
     "int4_unsupported_reason": "int4_cpu",
     "pack_int4": "int4_cpu",
+    "pack_int4_half_split": "int4_cpu",
     "ColumnParallelLinear": "linear",
     "LinearBase": "linear",
     "MergedColumnParallelLinear": "linear",

@@ -27,7 +27,8 @@ import functools
 import attrs
 import torch
 
-__all__ = ["KERNEL_GROUP_SIZES", "Int4CpuWeight", "int4_unsupported_reason", "pack_int4"]
+__all__ = ["KERNEL_GROUP_SIZES", "Int4CpuWeight", "int4_unsupported_reason", "pack_int4",
+           "pack_int4_half_split"]
 
 KERNEL_GROUP_SIZES = (32, 64, 128, 256)
 _N_MULTIPLE = 16
@@ -110,6 +111,79 @@ def pack_int4(codes: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, g
 
 
 _BLOCK_N = 64
+HALF_SPLIT_GROUP = 32
+"""Columns per group of :func:`pack_int4_half_split`'s byte order (GGML's Q4_0/Q4_1 blocks)."""
+
+
+def pack_int4_half_split(qs: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor,
+                         dtype: torch.dtype = torch.bfloat16) -> Int4CpuWeight:
+    """:func:`pack_int4` for codes still packed two per byte in the half-split order, group size 32.
+
+    :param qs: uint8 ``[N, K / 32, 16]`` (any strides, e.g. a view into
+        GGUF blocks): byte ``p`` of a group holds the code of column ``p`` in
+        its low nibble and of column ``p + 16`` in its high one.
+    :param scales: ``[K / 32, N]``; ``biases`` likewise (``w = code * scale + bias``).
+
+    Why: a 4-bit file already stores its codes as nibbles, so torch's layout
+    (which pairs rows, not columns, in a byte) is built with four byte
+    operations and one transposing copy on half-size tensors, instead of
+    widening every code to a byte (or int32, for torch's own op) first — most
+    of a packed GGUF load. The bytes are those of :func:`pack_int4` on the
+    unpacked codes (``tests/core/test_layers_int4_cpu.py``).
+    """
+    n, groups, half = (int(s) for s in qs.shape)
+    if half != HALF_SPLIT_GROUP // 2:
+        raise ValueError(f"half-split codes {tuple(qs.shape)} do not hold groups of {HALF_SPLIT_GROUP} columns")
+    k = groups * HALF_SPLIT_GROUP
+    if int4_unsupported_reason(n, k, HALF_SPLIT_GROUP) is not None or not _torch_layout_is_known():
+        codes = torch.cat((qs & 0x0F, qs >> 4), dim=2).reshape(n, k)
+        return pack_int4(codes, scales, biases, HALF_SPLIT_GROUP, dtype)
+    if scales.shape != (groups, n) or biases.shape != scales.shape:
+        raise ValueError(f"scales {tuple(scales.shape)} and biases {tuple(biases.shape)} do not match "
+                         f"half-split codes {tuple(qs.shape)}")
+    s = scales.to(torch.float32)
+    scales_and_zeros = torch.stack([s, biases.to(torch.float32) + 8 * s], dim=-1).to(dtype).contiguous()
+    return Int4CpuWeight(_int4pack_from_half_split(qs), scales_and_zeros, HALF_SPLIT_GROUP, k, None)
+
+
+_LOW_NIBBLES = 0x0F0F0F0F0F0F0F0F
+_HIGH_NIBBLES = -0x0F0F0F0F0F0F0F10  # 0xF0F0F0F0F0F0F0F0 as a signed 64-bit value
+
+
+def _pair_rows(low_rows: torch.Tensor, high_rows: torch.Tensor) -> torch.Tensor:
+    """Bytes pairing two sets of half-split rows, eight bytes per operation.
+
+    ``low_rows``, ``high_rows``: int64 ``[..., G, 2]`` (a group's 16 bytes as
+    two words). Returns uint8 ``[..., G, 2, 16]``: per group, the bytes of
+    columns ``p`` (low nibbles of both rows) then ``p + 16`` (high nibbles).
+    """
+    first = (low_rows & _LOW_NIBBLES) | ((high_rows << 4) & _HIGH_NIBBLES)
+    second = ((low_rows >> 4) & _LOW_NIBBLES) | (high_rows & _HIGH_NIBBLES)
+    paired = torch.stack((first, second), dim=-2)  # [..., G, 2, 2] words
+    return paired.view(torch.uint8).view(*paired.shape[:-2], 2, 16)
+
+
+def _int4pack_from_half_split(qs: torch.Tensor) -> torch.Tensor:
+    """:func:`_int4pack_bytes`'s layout (see there) from half-split codes ``[N, G, 16]``.
+
+    The nibbles are paired on 64-bit words of a contiguous copy of the codes;
+    the only byte-level pass is the final transpose into torch's layout.
+    """
+    n, groups, _ = (int(s) for s in qs.shape)
+    k = groups * HALF_SPLIT_GROUP
+    words = qs.contiguous().view(torch.int64)  # [N, G, 2]
+    full = n // _BLOCK_N * _BLOCK_N
+    out = torch.empty(n * k // 2, dtype=torch.uint8, device=qs.device)
+    if full:
+        blocks = words[:full].view(full // _BLOCK_N, 2, _BLOCK_N // 2, groups, 2)
+        paired = _pair_rows(blocks[:, 0], blocks[:, 1])  # [B, 32, G, 2, 16]
+        out[: full * k // 2].view(full // _BLOCK_N, groups, 2, 16, _BLOCK_N // 2).copy_(
+            paired.permute(0, 2, 3, 4, 1))
+    if full < n:
+        tail = words[full:]
+        paired = _pair_rows(tail[0::2], tail[1::2])  # [T / 2, G, 2, 16]
+        out[full * k // 2:].view(groups, 2, 16, (n - full) // 2).copy_(paired.permute(1, 2, 3, 0))
+    return out.view(n, k // 2)
 
 
 def _int4pack_bytes(codes: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,9 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[3]
 QUESTION = "What is the capital of France?"
+HEAD_BYTES = 49152 * 576 + 49152 * 18 * 4 + 49152 * 18 * 2
+"""The Q8_0 embedding kept: int8 codes, float32 block scales (exact lookups) and the tied head's bfloat16 copy
+of them (cast once at load, not per token)."""
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +97,7 @@ def test_packed_int4_answers_paris_and_agrees_with_the_dequantized_model(loaded,
     assert report.quantization["kernels"] == {"int4": 120, "int8": 1}  # the tied Q8_0 embedding keeps its codes
     embed = report.quantization["layers"]["model.embed_tokens"]
     assert embed["types"] == ("Q8_0",) and embed["reason"] is None
-    assert embed["packed_bytes"] == 49152 * 576 + 49152 * 18 * 4  # int8 codes + float32 block scales
+    assert embed["packed_bytes"] == HEAD_BYTES
     ids = torch.tensor([encode_prompt(bundle, QUESTION, chat=True)])
     with torch.no_grad():
         got, expected = packed(ids), reference(ids)
@@ -125,7 +128,7 @@ def test_the_default_load_keeps_weights_packed_and_agrees_with_float32_on_chat_p
     assert report.quantization["kernels"] == {"int4": 120, "int8": 1}  # the tied Q8_0 embedding keeps its codes
     embed = report.quantization["layers"]["model.embed_tokens"]
     assert embed["types"] == ("Q8_0",) and embed["reason"] is None
-    assert embed["packed_bytes"] == 49152 * 576 + 49152 * 18 * 4  # int8 codes + float32 block scales
+    assert embed["packed_bytes"] == HEAD_BYTES
     for prompt in CHAT_PROMPTS:
         ids = torch.tensor([encode_prompt(bundle, prompt, chat=True)])
         with torch.no_grad():

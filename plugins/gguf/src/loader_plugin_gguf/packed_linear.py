@@ -58,17 +58,19 @@ from loader.layers import (
     WeightLoader,
     int4_unsupported_reason,
     pack_int4,
+    pack_int4_half_split,
     set_param_layout,
 )
 from loader.weights import RowPermutedTensor
 
-from .q4_blocks import GROUP_SIZE, AffineRows, affine_rows, packing_reason
+from .q4_blocks import GROUP_SIZE, HALF_SPLIT_TYPES, affine_rows, half_split_rows, packing_reason
 from .tensors import GGUFTensor
 
 if TYPE_CHECKING:
     from torch import nn
 
     from loader.checkpoint import LoadOptions
+    from loader.weights import CheckpointTensor
     from loader.layers import NarrowedPart, QuantizeMethodBase
 
 __all__ = ["METHOD_NAME", "GGUFLayerState", "GGUFLinearMethod", "GGUFQuantConfig", "LayerChoice",
@@ -77,6 +79,7 @@ __all__ = ["METHOD_NAME", "GGUFLayerState", "GGUFLinearMethod", "GGUFQuantConfig
 METHOD_NAME = "gguf"
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 _YES, _NO = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+_HALF_SPLIT_NAMES = tuple(t.name for t in HALF_SPLIT_TYPES)
 
 
 def _format_option(options: LoadOptions, key: str) -> str | None:
@@ -243,7 +246,7 @@ class GGUFLinearMethod(LinearMethodBase):
         delattr(layer, "weight")
         if reason is None:
             dtype = self.config.kernel_dtype or kernel_dtype_for(state.params_dtype)
-            packed = self._pack([affine_rows(part.narrowed) for part in parts], dtype)
+            packed = self._pack([part.narrowed for part in parts], dtype)
             layer.register_buffer("packed_weight", packed.data)
             layer.register_buffer("packed_scales_and_zeros", packed.scales_and_zeros)
             size = packed.data.numel() + packed.scales_and_zeros.numel() * packed.scales_and_zeros.element_size()
@@ -258,7 +261,14 @@ class GGUFLinearMethod(LinearMethodBase):
         self.config.layer_log[state.prefix] = state.choice
 
     @staticmethod
-    def _pack(decoded: list[AffineRows], dtype: torch.dtype) -> Int4CpuWeight:
+    def _pack(parts: list[CheckpointTensor], dtype: torch.dtype) -> Int4CpuWeight:
+        """The layer's parts (in row order) in torch's int4 layout; Q4_0/Q4_1 without unpacking their nibbles."""
+        if all(p.stored_type in _HALF_SPLIT_NAMES for p in parts):
+            split = [half_split_rows(p) for p in parts]
+            qs = split[0].qs if len(split) == 1 else torch.cat([h.qs for h in split])
+            return pack_int4_half_split(qs, torch.cat([h.scales for h in split], dim=1),
+                                        torch.cat([h.biases for h in split], dim=1), dtype)
+        decoded = [affine_rows(p) for p in parts]
         codes = torch.cat([d.codes for d in decoded])
         scales = torch.cat([d.scales for d in decoded], dim=1)
         biases = torch.cat([d.biases for d in decoded], dim=1)

@@ -30,12 +30,15 @@ from .kernels_kquants import QK_K, scale_min_k4, split_nibbles
 from .kernels_legacy import half_at, nibbles
 from .tensors import GGUFTensor
 
-__all__ = ["GROUP_SIZE", "PACKED_TYPES", "AffineRows", "affine_rows", "decode_q4", "packing_reason"]
+__all__ = ["GROUP_SIZE", "HALF_SPLIT_TYPES", "PACKED_TYPES", "AffineRows", "HalfSplitRows", "affine_rows",
+           "decode_q4", "half_split_rows", "packing_reason"]
 
 Q = GGMLQuantizationType
 GROUP_SIZE = 32
 PACKED_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q4_K)
 """Block types kept packed: the ones whose blocks are exactly ``code * scale + bias`` per 32 columns."""
+HALF_SPLIT_TYPES = (Q.Q4_0, Q.Q4_1)
+"""Block types whose 32-value blocks store codes two per byte, column ``p`` low and ``p + 16`` high."""
 
 
 @attrs.frozen(eq=False)
@@ -52,6 +55,24 @@ class AffineRows:
     scales: torch.Tensor
     biases: torch.Tensor
     ggml_type: int
+
+
+@attrs.frozen(eq=False)
+class HalfSplitRows:
+    """One Q4_0/Q4_1 part still two codes per byte, for :func:`loader.layers.pack_int4_half_split`.
+
+    :ivar qs: uint8 ``[rows, cols / 32, 16]``, a view into the blocks read.
+    :ivar scales: float32 ``[cols / 32, rows]``; :ivar biases: likewise (as :class:`AffineRows`).
+    """
+
+    qs: torch.Tensor
+    scales: torch.Tensor
+    biases: torch.Tensor
+
+
+def _halves(blocks: torch.Tensor, count: int) -> torch.Tensor:
+    """The first ``count`` float16 fields of every block widened to float32, ``[n, count]``, in one copy."""
+    return blocks[:, :2 * count].clone(memory_format=torch.contiguous_format).view(torch.float16).to(torch.float32)
 
 
 def _decode_q4_k(blocks: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -110,12 +131,8 @@ def packing_reason(tensor: CheckpointTensor) -> str | None:
     return None
 
 
-def affine_rows(tensor: CheckpointTensor) -> AffineRows:
-    """This part's codes, scales and biases read from its blocks (:func:`packing_reason` must be ``None``).
-
-    Only the rows and whole blocks of the window are read (a TP rank reads its
-    own heads); the read is added to the tensor's :class:`~loader.weights.ReadStats`.
-    """
+def _read_blocks(tensor: CheckpointTensor) -> tuple[GGUFTensor, torch.Tensor, int]:
+    """The window, the whole blocks of its rows (in the part's row order) and the values before its columns."""
     found = _gguf_window(tensor)
     if isinstance(found, str) or packing_reason(tensor) is not None:
         raise ValueError(f"{tensor.describe()}: cannot be packed ({packing_reason(tensor)})")
@@ -127,6 +144,38 @@ def affine_rows(tensor: CheckpointTensor) -> AffineRows:
     if perm is not None and perm.numel():
         raw = raw.index_select(0, perm - int(perm.min()))
     window.stats.add(raw.numel(), tensors=1)
+    return window, raw, skip
+
+
+def half_split_rows(tensor: CheckpointTensor) -> HalfSplitRows:
+    """A Q4_0/Q4_1 part's codes left two per byte, with its scales and biases (:func:`packing_reason` ``None``).
+
+    Why: repacked straight from these bytes, a layer never holds a byte per
+    code (:func:`loader.layers.pack_int4_half_split`); the weight is the one
+    :func:`affine_rows` describes.
+    """
+    window, raw, _ = _read_blocks(tensor)
+    ggml_type = window.info.ggml_type
+    if ggml_type not in HALF_SPLIT_TYPES:
+        raise ValueError(f"ggml type {Q(ggml_type).name} is not one of {[t.name for t in HALF_SPLIT_TYPES]}")
+    _, size = block_shape(ggml_type)
+    rows = raw.shape[0]
+    blocks = raw.contiguous().view(rows, -1, size)
+    flat = blocks.view(-1, size)
+    if ggml_type == Q.Q4_0:
+        d = _halves(flat, 1).view(rows, -1)
+        return HalfSplitRows(blocks[:, :, 2:], d.t().contiguous(), (d * -8).t().contiguous())
+    dm = _halves(flat, 2).view(rows, -1, 2)
+    return HalfSplitRows(blocks[:, :, 4:], dm[..., 0].t().contiguous(), dm[..., 1].t().contiguous())
+
+
+def affine_rows(tensor: CheckpointTensor) -> AffineRows:
+    """This part's codes, scales and biases read from its blocks (:func:`packing_reason` must be ``None``).
+
+    Only the rows and whole blocks of the window are read (a TP rank reads its
+    own heads); the read is added to the tensor's :class:`~loader.weights.ReadStats`.
+    """
+    window, raw, skip = _read_blocks(tensor)
     decoded = decode_q4(raw, window.info.ggml_type)
     cols = window.shape[-1]
     if skip == 0 and decoded.codes.shape[1] == cols:
