@@ -10,7 +10,9 @@ as for every method, and the part handed to :meth:`GGUFLinearMethod._record`
 is only remembered (nothing is read). After loading, every part of the layer
 is decoded from its blocks into codes, scales and biases (:mod:`.q4_blocks`;
 llama.cpp's q/k rotary interleave is undone on the block rows) and packed by
-:func:`loader.layers.pack_int4`.
+:func:`loader.layers.pack_int4` — Q4_0/Q4_1 by :func:`loader.layers.pack_int4_half_split`
+straight from the blocks' nibbles (unpacking every code to a byte first was
+half of a SmolLM2 load).
 
 A layer falls back to today's dequantized weight, with the reason recorded in
 the load report, when any of its parts is another block type (Q5_x, Q6_K,
@@ -61,7 +63,7 @@ from loader.layers import (
     pack_int4_half_split,
     set_param_layout,
 )
-from loader.weights import RowPermutedTensor
+from loader.weights import CheckpointTensor, RowPermutedTensor
 
 from .q4_blocks import GROUP_SIZE, HALF_SPLIT_TYPES, affine_rows, half_split_rows, packing_reason
 from .tensors import GGUFTensor
@@ -70,7 +72,6 @@ if TYPE_CHECKING:
     from torch import nn
 
     from loader.checkpoint import LoadOptions
-    from loader.weights import CheckpointTensor
     from loader.layers import NarrowedPart, QuantizeMethodBase
 
 __all__ = ["METHOD_NAME", "GGUFLayerState", "GGUFLinearMethod", "GGUFQuantConfig", "LayerChoice",
