@@ -11,7 +11,8 @@ tensor and indexing it. Stored per type:
   a row is ``codes * d``, bit-equal). The layout serves the tied head: each
   32-column slice of codes is one contiguous int8 matrix for torch's
   ``_weight_int8pack_mm`` with that block's ``d`` as its per-row scale, and the
-  head sums the 18 (for 576 columns) partial products — exact math on the
+  head sums the 18 (for 576 columns) partial products (its scales a copy in the
+  kernel dtype made at load, ``q8_head_scales``) — exact math on the
   stored codes, rounded only as the kernel dtype rounds. The kernel's dtype is
   the linears' (bfloat16; ``kernel_dtype=float32`` for float32): in float32
   torch's int8 kernel is slow (SmolLM2 decode 12 tok/s against 45 in
