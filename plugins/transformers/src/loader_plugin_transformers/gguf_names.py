@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from loader.errors import UnexpectedWeightError
 from loader.weights import CheckpointTensor
 
-from .transposed import TransposedTensor
+from .transposed import TransposedTensor, WrappedTensor
 
 if TYPE_CHECKING:
     import torch
@@ -31,30 +31,12 @@ _GEMMA = ("gemma2", "gemma3")
 _SKIPPED = ("rope_freqs.weight",)  # precomputed rotary tables: the model computes its own
 
 
-class ShiftedTensor(CheckpointTensor):
+class ShiftedTensor(WrappedTensor):
     """``inner + offset``, computed in float32 (as transformers does on the dequantized values)."""
 
     def __init__(self, inner: CheckpointTensor, offset: float) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.offset = offset
-        self.name = inner.name
-        self.file = inner.file
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.inner.shape
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.inner.dtype
-
-    @property
-    def nbytes(self) -> int:
-        return self.inner.nbytes
-
-    @property
-    def stored_type(self) -> str:
-        return self.inner.stored_type
 
     def describe(self) -> str:
         return f"{self.inner.describe()} (shifted by {self.offset:+g}, llama.cpp's norm convention)"

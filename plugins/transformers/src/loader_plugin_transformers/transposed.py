@@ -16,23 +16,21 @@ from loader.weights import CheckpointTensor
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TransposedTensor"]
+__all__ = ["TransposedTensor", "WrappedTensor"]
 
 
-class TransposedTensor(CheckpointTensor):
-    """The 2-D ``inner`` tensor seen as its transpose."""
+class WrappedTensor(CheckpointTensor):
+    """A checkpoint tensor whose values the fallback rewrites as transformers does: name, file, dtype, stored
+    type, bytes and (unless a subclass changes it) shape are the wrapped tensor's; reads stay lazy."""
 
     def __init__(self, inner: CheckpointTensor) -> None:
-        if inner.ndim != 2:
-            raise ValueError(f"{inner.describe()}: only a 2-D tensor can be transposed, found shape {inner.shape}")
         self.inner = inner
         self.name = inner.name
         self.file = inner.file
 
     @property
     def shape(self) -> tuple[int, ...]:
-        rows, cols = self.inner.shape
-        return (cols, rows)
+        return self.inner.shape
 
     @property
     def dtype(self) -> torch.dtype:
@@ -45,6 +43,20 @@ class TransposedTensor(CheckpointTensor):
     @property
     def stored_type(self) -> str:
         return self.inner.stored_type
+
+
+class TransposedTensor(WrappedTensor):
+    """The 2-D ``inner`` tensor seen as its transpose."""
+
+    def __init__(self, inner: CheckpointTensor) -> None:
+        if inner.ndim != 2:
+            raise ValueError(f"{inner.describe()}: only a 2-D tensor can be transposed, found shape {inner.shape}")
+        super().__init__(inner)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        rows, cols = self.inner.shape
+        return (cols, rows)
 
     def describe(self) -> str:
         return f"{self.inner.describe()} (transposed from Conv1D's (in, out))"
