@@ -17,7 +17,7 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from tests.helpers.gguf_files import encode
+from tests.helpers.gguf_files import add_weight, finish
 from tests.helpers.hf_fallback_checkpoints import build_hf_model, fallback_config
 
 Q = GGMLQuantizationType
@@ -98,16 +98,6 @@ def write_fallback_gguf(path: Path, arch: str, *, qtype: GGMLQuantizationType = 
             values = values + 1.0
         if arch == "gpt2" and hf_name.endswith(_CONV1D):
             values = np.ascontiguousarray(values.T)
-        if values.ndim == 1:
-            writer.add_tensor(name, values.astype(np.float32))
-        elif qtype in (Q.F32, Q.F16):
-            writer.add_tensor(name, encode(values, qtype))
-        else:
-            writer.add_tensor(name, encode(values, qtype), raw_dtype=qtype)
-    for name, values in (extra_tensors or {}).items():
-        writer.add_tensor(name, values.astype(np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+        add_weight(writer, name, values, qtype)
+    finish(writer, extra_tensors)
     return model

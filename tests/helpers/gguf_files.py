@@ -63,6 +63,26 @@ def encode(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
     return gguf.quants.quantize(values.astype(np.float32), qtype)
 
 
+def add_weight(writer: gguf.GGUFWriter, name: str, values: np.ndarray, qtype: GGMLQuantizationType) -> None:
+    """One tensor stored as llama.cpp stores it: 1-D (norms, biases) as F32, 2-D as ``qtype``."""
+    if values.ndim == 1:
+        writer.add_tensor(name, values.astype(np.float32))
+    elif qtype in (Q.F32, Q.F16):
+        writer.add_tensor(name, encode(values, qtype))
+    else:
+        writer.add_tensor(name, encode(values, qtype), raw_dtype=qtype)
+
+
+def finish(writer: gguf.GGUFWriter, extra_tensors: dict[str, np.ndarray] | None) -> None:
+    """Add ``extra_tensors`` (F32) and write header, metadata and tensors."""
+    for name, values in (extra_tensors or {}).items():
+        writer.add_tensor(name, values.astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def interleave_rotary(weight: np.ndarray, n_heads: int) -> np.ndarray:
     """llama.cpp's q/k permutation: each head's rotary halves interleaved pairwise."""
     rows = weight.shape[0]
@@ -212,18 +232,9 @@ def write_gguf(path: Path, model: Any, family: str, *, qtype: GGMLQuantizationTy
             block, _ = GGML_QUANT_SIZES[other]
             writer.add_tensor(name, random_blocks(other, values.size // block).reshape(values.shape[0], -1),
                               raw_dtype=other)
-        elif values.ndim == 1:
-            writer.add_tensor(name, values.astype(np.float32))
-        elif qtype in (Q.F32, Q.F16):
-            writer.add_tensor(name, encode(values, qtype))
         else:
-            writer.add_tensor(name, encode(values, qtype), raw_dtype=qtype)
-    for name, values in (extra_tensors or {}).items():
-        writer.add_tensor(name, values.astype(np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+            add_weight(writer, name, values, qtype)
+    finish(writer, extra_tensors)
     parts = sorted(path.parent.glob(f"{path.stem}-*-of-*.gguf"))
     return parts[0] if split_max_tensors and parts else path
 
