@@ -25,7 +25,6 @@ import argparse
 import json
 import statistics
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +33,8 @@ if __package__ in (None, ""):
 
 from benchmarks.checkpoints import ensure_checkpoint, shard_files
 from benchmarks.host_memory import warm_host_memory
-from benchmarks.machine import describe_environment, describe_machine, describe_software
 from benchmarks.paths import PATHS
-from benchmarks.report import replace_block
+from benchmarks.report import section_meta, write_section
 from benchmarks.runner import REPO_ROOT, measure_rotating
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -121,15 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     source, _, _ = ensure_checkpoint(args.out_dir, args.size_gb)
     folder = ensure_bin_checkpoint(source)
-    command = ("python benchmarks/bench_bin_read.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
     host_memory = "not warmed (--no-warm-memory)" if args.no_warm_memory else warm_host_memory()
-    meta = {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "machine": describe_machine(),
-            "software": describe_software(REPO_ROOT), "environment": describe_environment(),
-            "command": command, "checkpoint": str(folder.relative_to(REPO_ROOT)), "reps": str(args.reps),
-            "host_memory": host_memory}
+    meta = section_meta("bench_bin_read.py", argv if argv is not None else sys.argv[1:], folder, args.reps,
+                        REPO_ROOT)
+    meta["host_memory"] = host_memory
     section = render(measure(folder, max(1, args.reps), args.out_dir), meta)
-    existing = args.results.read_text() if args.results.is_file() else ""
-    args.results.write_text(replace_block(existing, TAG, section))
+    write_section(args.results, TAG, section)
     print(section)
     return 0
 

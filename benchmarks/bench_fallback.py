@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +22,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.checkpoints import ensure_checkpoint, shard_files
-from benchmarks.machine import describe_environment, describe_machine, describe_software
 from benchmarks.paths import PATHS
-from benchmarks.report import replace_block
+from benchmarks.report import section_meta, write_section
 from benchmarks.runner import REPO_ROOT, measure_rotating
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -89,15 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     folder, _, _ = ensure_checkpoint(args.out_dir, args.size_gb)
-    command = "python benchmarks/bench_fallback.py" + (" " + " ".join(argv if argv is not None else sys.argv[1:])
-                                                       ).rstrip()
-    meta = {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "machine": describe_machine(),
-            "software": describe_software(REPO_ROOT), "environment": describe_environment(),
-            "command": command.strip(), "checkpoint": str(folder.relative_to(REPO_ROOT)),
-            "reps": str(args.reps)}
+    meta = section_meta("bench_fallback.py", argv if argv is not None else sys.argv[1:], folder, args.reps,
+                        REPO_ROOT)
     section = render(measure(folder, max(1, args.reps), args.out_dir), meta)
-    existing = args.results.read_text() if args.results.is_file() else ""
-    args.results.write_text(replace_block(existing, TAG, section))
+    write_section(args.results, TAG, section)
     print(section)
     return 0
 

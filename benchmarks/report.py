@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 __all__ = ["PathSummary", "acceptance_checks", "carried_block", "carried_notes", "render_markdown", "replace_block",
@@ -267,3 +268,22 @@ def render_markdown(results: dict[str, Any], notes: str, extra_blocks: dict[str,
         out += ["", f"<!-- {tag} -->", body.rstrip("\n"), f"<!-- /{tag} -->"]
     out += ["", "## Closing note", "", "<!-- notes -->", notes.rstrip("\n") + "\n" + "<!-- /notes -->", ""]
     return "\n".join(out)
+
+
+def section_meta(script: str, argv: list[str], checkpoint: Path, reps: int, repo_root: Path) -> dict[str, str]:
+    """Date, machine, software, environment, the command as typed and the checkpoint: what every
+    single-purpose benchmark's section (``bench_fallback.py``, ``bench_bin_read.py``) states first."""
+    from datetime import UTC, datetime
+
+    from .machine import describe_environment, describe_machine, describe_software
+
+    return {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "machine": describe_machine(),
+            "software": describe_software(repo_root), "environment": describe_environment(),
+            "command": " ".join([f"python benchmarks/{script}", *argv]), "reps": str(reps),
+            "checkpoint": str(checkpoint.relative_to(repo_root))}
+
+
+def write_section(results: Path, tag: str, section: str) -> None:
+    """Put ``section`` between ``tag``'s markers in ``results`` (created if absent)."""
+    existing = results.read_text() if results.is_file() else ""
+    results.write_text(replace_block(existing, tag, section))
