@@ -23,7 +23,7 @@ from tests.helpers.model_checks import random_ids
 pytestmark = pytest.mark.torchrun
 
 REPO = Path(__file__).resolve().parents[3]
-SCRIPT = Path(__file__).parent / "scripts" / "tp_worker.py"
+SCRIPT = Path(__file__).parents[2] / "helpers" / "scripts" / "tp_quantized_worker.py"
 RANKS = 2
 ALIGNED = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
 

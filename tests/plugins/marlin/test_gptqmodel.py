@@ -176,7 +176,8 @@ def test_gptqmodel_checkpoints_under_torchrun_at_tp2(written, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
     env.pop("WORLD_SIZE", None)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               str(Path(__file__).parent / "scripts" / "tp_worker.py"), str(out), str(tmp_path / "cases.json")]
+               str(Path(__file__).parents[2] / "helpers" / "scripts" / "tp_quantized_worker.py"), str(out),
+               str(tmp_path / "cases.json")]
     done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for rank in range(2):

@@ -1,9 +1,10 @@
-"""Run under ``torchrun``: load each GPTQ case on this rank and save its logits (or its error).
+"""Run under ``torchrun``: load each quantized case on this rank and save its logits (or its error).
 
-Usage: ``python -m torch.distributed.run --nproc-per-node N tests/plugins/marlin/scripts/tp_worker.py OUT CASES``
-where ``CASES`` is a JSON file ``{name: {"path": ..., "options": {...} | null}}``.
+Usage: ``python -m torch.distributed.run --nproc-per-node N tests/helpers/scripts/tp_quantized_worker.py OUT CASES``
+where ``CASES`` is a JSON file ``{name: {"path": ..., "quantization": ... (optional), "options": {...} | null}}``.
 Writes ``OUT/<name>-rank<R>.pt`` and ``OUT/rank<R>.json``
-(``{name: {"tp_size": N, "kernels": {...}} | {"error": ...}}``).
+(``{name: {"tp_size": N, "kernels": {...} (when the method records them)} | {"error": ...}}``).
+Shared by the bitsandbytes and Marlin tensor-parallel tests.
 Every rank loads the same cases in the same order so the forward passes' collectives stay in step.
 """
 
@@ -28,14 +29,16 @@ def main(out: Path, cases_file: Path) -> None:
     for name, case in json.loads(cases_file.read_text()).items():
         try:
             model, report = load_model_with_report(case["path"], dtype="float32",
+                                                   quantization=case.get("quantization"),
                                                    quantization_options=case["options"])
         except LoadError as exc:
             results[name] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
         with torch.no_grad():
             torch.save(model(random_ids(model.config.vocab_size)), out / f"{name}-rank{rank}.pt")
-        assert report.quantization is not None
-        results[name] = {"tp_size": report.tp_size, "kernels": report.quantization["kernels"]}
+        results[name] = {"tp_size": report.tp_size}
+        if report.quantization is not None and "kernels" in report.quantization:
+            results[name]["kernels"] = report.quantization["kernels"]
     (out / f"rank{rank}.json").write_text(json.dumps(results))
 
 
