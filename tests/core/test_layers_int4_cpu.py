@@ -29,15 +29,63 @@ def test_the_int4_wrapper_takes_any_affine_4bit_weight_and_explains_what_it_refu
         packed.dequantize()
 
 
+def test_the_byte_level_packing_knows_this_cpu_s_torch_layout():
+    """torch lays int4 rows out in blocks of 64 on AVX512 and of 32 on AVX2 (an AMD EPYC without AVX512 here):
+    only checking for 64 sent every AVX2 load through torch's slower int32 op (and the half-split path
+    through unpacking), silently."""
+    from loader.layers.int4_cpu import _torch_int4_block_n
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    expected = {"AVX512": 64, "AVX2": 32}.get(capability)
+    if expected is None:
+        pytest.skip(f"torch dispatches to {capability}: its int4 layout is packed by torch's own op")
+    assert _torch_int4_block_n() == expected
+
+
+def _reference_layout(codes: torch.Tensor, block_n: int) -> torch.Tensor:
+    """Element by element: row block b of ``block_n`` rows is [K, block_n / 2] bytes, byte (k, j) holding row
+    j low and row j + block_n / 2 high; the tail pairs adjacent rows."""
+    n, k = codes.shape
+    out = torch.zeros(n * k // 2, dtype=torch.uint8)
+    full = n // block_n * block_n
+    at = 0
+    for start in range(0, full, block_n):
+        for col in range(k):
+            for j in range(block_n // 2):
+                out[at] = codes[start + j, col] | (codes[start + j + block_n // 2, col] << 4)
+                at += 1
+    for col in range(k):
+        for j in range(full, n, 2):
+            out[at] = codes[j, col] | (codes[j + 1, col] << 4)
+            at += 1
+    return out.view(n, k // 2)
+
+
+@pytest.mark.parametrize("block_n", [32, 64])
+@pytest.mark.parametrize("n", [16, 48, 80])
+def test_the_byte_level_packing_builds_each_cpu_s_layout(n, block_n):
+    """Both layouts from their definition, whichever this CPU uses (so an AVX512-only bug shows on AVX2)."""
+    from loader.layers.int4_cpu import _int4pack_bytes, _int4pack_from_half_split
+
+    generator = torch.Generator().manual_seed(n + block_n)
+    qs = torch.randint(0, 256, (n, 2, 16), dtype=torch.uint8, generator=generator)
+    codes = torch.cat((qs & 0x0F, qs >> 4), dim=2).reshape(n, 64)
+    expected = _reference_layout(codes, block_n)
+    assert torch.equal(_int4pack_bytes(codes, block_n), expected)
+    assert torch.equal(_int4pack_from_half_split(qs, block_n), expected)
+
+
 @pytest.mark.parametrize("n", [16, 48, 64, 80, 144, 256])
 def test_the_byte_level_packing_gives_torch_s_own_int4_layout(n):
     """pack_int4 builds torch's layout with byte operations; it must equal the op's bytes for every N % 64."""
-    from loader.layers.int4_cpu import _int4pack_bytes, _torch_layout_is_known
+    from loader.layers.int4_cpu import _int4pack_bytes, _torch_int4_block_n
 
-    assert _torch_layout_is_known()
+    block_n = _torch_int4_block_n()
+    if block_n is None:
+        pytest.skip(f"torch's int4 layout on {torch.backends.cpu.get_cpu_capability()} is packed by its own op")
     codes = torch.randint(0, 16, (96, n), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))  # [K, N]
     expected = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.t().to(torch.int32).contiguous(), 1)
-    assert torch.equal(_int4pack_bytes(codes.t()), expected)
+    assert torch.equal(_int4pack_bytes(codes.t(), block_n), expected)
 
 
 @pytest.mark.parametrize("n", [16, 48, 64, 80, 144, 256])

@@ -103,14 +103,16 @@ def pack_int4(codes: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, g
     reason = int4_unsupported_reason(n, k, group_size)
     if reason is not None:
         return Int4CpuWeight(codes.to(torch.uint8).contiguous(), scales_and_zeros, group_size, k, reason)
-    if _torch_layout_is_known():
-        data = _int4pack_bytes(codes)
+    block_n = _torch_int4_block_n()
+    if block_n is not None:
+        data = _int4pack_bytes(codes, block_n)
     else:
         data = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
     return Int4CpuWeight(data, scales_and_zeros, group_size, k, None)
 
 
-_BLOCK_N = 64
+_BLOCK_N_CANDIDATES = (64, 32)
+"""Row-block sizes of torch's CPU int4 layout: 64 where torch dispatches to AVX512, 32 on AVX2 (torch 2.13)."""
 HALF_SPLIT_GROUP = 32
 """Columns per group of :func:`pack_int4_half_split`'s byte order (GGML's Q4_0/Q4_1 blocks)."""
 
@@ -135,7 +137,8 @@ def pack_int4_half_split(qs: torch.Tensor, scales: torch.Tensor, biases: torch.T
     if half != HALF_SPLIT_GROUP // 2:
         raise ValueError(f"half-split codes {tuple(qs.shape)} do not hold groups of {HALF_SPLIT_GROUP} columns")
     k = groups * HALF_SPLIT_GROUP
-    if int4_unsupported_reason(n, k, HALF_SPLIT_GROUP) is not None or not _torch_layout_is_known():
+    block_n = _torch_int4_block_n()
+    if int4_unsupported_reason(n, k, HALF_SPLIT_GROUP) is not None or block_n is None:
         codes = torch.cat((qs & 0x0F, qs >> 4), dim=2).reshape(n, k)
         return pack_int4(codes, scales, biases, HALF_SPLIT_GROUP, dtype)
     if scales.shape != (groups, n) or biases.shape != scales.shape:
@@ -143,67 +146,79 @@ def pack_int4_half_split(qs: torch.Tensor, scales: torch.Tensor, biases: torch.T
                          f"half-split codes {tuple(qs.shape)}")
     s = scales.to(torch.float32)
     scales_and_zeros = torch.stack([s, biases.to(torch.float32) + 8 * s], dim=-1).to(dtype).contiguous()
-    return Int4CpuWeight(_int4pack_from_half_split(qs), scales_and_zeros, HALF_SPLIT_GROUP, k, None)
+    return Int4CpuWeight(_int4pack_from_half_split(qs, block_n), scales_and_zeros, HALF_SPLIT_GROUP, k, None)
 
 
 _LOW_NIBBLES = 0x0F0F0F0F0F0F0F0F
 _HIGH_NIBBLES = -0x0F0F0F0F0F0F0F10  # 0xF0F0F0F0F0F0F0F0 as a signed 64-bit value
 
 
-def _pair_rows(low_rows: torch.Tensor, high_rows: torch.Tensor) -> torch.Tensor:
-    """Bytes pairing two sets of half-split rows, eight bytes per operation.
+def _pair_nibbles_into(first: torch.Tensor, second: torch.Tensor, low_rows: torch.Tensor,
+                       high_rows: torch.Tensor) -> None:
+    """Pair two sets of half-split rows' nibbles, eight bytes per operation, into ``first`` and ``second``.
 
-    ``low_rows``, ``high_rows``: int64 ``[..., G, 2]`` (a group's 16 bytes as
-    two words). Returns uint8 ``[..., G, 2, 16]``: per group, the bytes of
-    columns ``p`` (low nibbles of both rows) then ``p + 16`` (high nibbles).
+    Each byte of ``low_rows`` / ``high_rows`` (int64 words, same shapes as the outputs) holds a column
+    ``p`` code low and ``p + 16`` high; ``first`` gets the ``p`` codes (``low_rows``' low, ``high_rows``'
+    high nibble), ``second`` the ``p + 16`` codes. One scratch tensor; the outputs may be strided views.
     """
-    first = (low_rows & _LOW_NIBBLES) | ((high_rows << 4) & _HIGH_NIBBLES)
-    second = ((low_rows >> 4) & _LOW_NIBBLES) | (high_rows & _HIGH_NIBBLES)
-    paired = torch.stack((first, second), dim=-2)  # [..., G, 2, 2] words
-    return paired.view(torch.uint8).view(*paired.shape[:-2], 2, 16)
+    scratch = torch.bitwise_left_shift(high_rows, 4)
+    scratch &= _HIGH_NIBBLES
+    torch.bitwise_and(low_rows, _LOW_NIBBLES, out=first)
+    first |= scratch
+    torch.bitwise_right_shift(low_rows, 4, out=second)
+    second &= _LOW_NIBBLES
+    torch.bitwise_and(high_rows, _HIGH_NIBBLES, out=scratch)
+    second |= scratch
 
 
-def _int4pack_from_half_split(qs: torch.Tensor) -> torch.Tensor:
+def _int4pack_from_half_split(qs: torch.Tensor, block_n: int) -> torch.Tensor:
     """:func:`_int4pack_bytes`'s layout (see there) from half-split codes ``[N, G, 16]``.
 
-    The nibbles are paired on 64-bit words of a contiguous copy of the codes;
-    the only byte-level pass is the final transpose into torch's layout.
+    One byte-level pass transposes each block of ``block_n`` rows to ``[G, 16, block_n]`` (straight from
+    ``qs``, strided or not), so the rows a byte pairs (``j`` and ``j + block_n / 2``) sit in the two halves of
+    one line; the nibbles are then paired on 64-bit words written straight into torch's layout.
     """
     n, groups, _ = (int(s) for s in qs.shape)
     k = groups * HALF_SPLIT_GROUP
-    words = qs.contiguous().view(torch.int64)  # [N, G, 2]
-    full = n // _BLOCK_N * _BLOCK_N
+    full = n // block_n * block_n
     out = torch.empty(n * k // 2, dtype=torch.uint8, device=qs.device)
     if full:
-        blocks = words[:full].view(full // _BLOCK_N, 2, _BLOCK_N // 2, groups, 2)
-        paired = _pair_rows(blocks[:, 0], blocks[:, 1])  # [B, 32, G, 2, 16]
-        out[: full * k // 2].view(full // _BLOCK_N, groups, 2, 16, _BLOCK_N // 2).copy_(
-            paired.permute(0, 2, 3, 4, 1))
-    if full < n:
-        tail = words[full:]
-        paired = _pair_rows(tail[0::2], tail[1::2])  # [T / 2, G, 2, 16]
-        out[full * k // 2:].view(groups, 2, 16, (n - full) // 2).copy_(paired.permute(1, 2, 3, 0))
+        blocks = full // block_n
+        by_column = torch.empty(blocks, groups, 16, block_n, dtype=torch.uint8, device=qs.device)
+        by_column.copy_(qs[:full].view(blocks, block_n, groups, 16).permute(0, 2, 3, 1))
+        words = by_column.view(torch.int64)  # [B, G, 16, block_n / 8]
+        half = block_n // 16
+        packed = out[: full * k // 2].view(blocks, groups, 2, 16, block_n // 2).view(torch.int64)
+        _pair_nibbles_into(packed[:, :, 0], packed[:, :, 1], words[..., :half], words[..., half:])
+    if full < n:  # the last rows (a multiple of 16) pair adjacent rows: [K, T / 2] bytes
+        tail = torch.empty(groups, 16, n - full, dtype=torch.uint8, device=qs.device)
+        tail.copy_(qs[full:].permute(1, 2, 0))
+        even, odd = tail[..., 0::2], tail[..., 1::2]
+        packed_tail = out[full * k // 2:].view(groups, 2, 16, (n - full) // 2)
+        torch.bitwise_or(even & 0x0F, (odd & 0x0F) << 4, out=packed_tail[:, 0])
+        torch.bitwise_or(even >> 4, odd & 0xF0, out=packed_tail[:, 1])
     return out.view(n, k // 2)
 
 
-def _int4pack_bytes(codes: torch.Tensor) -> torch.Tensor:
+def _int4pack_bytes(codes: torch.Tensor, block_n: int) -> torch.Tensor:
     """torch's CPU int4 layout built with byte operations: the same bytes as
     ``_convert_weight_to_int4pack_for_cpu(codes.int(), 1)`` without its int32 copy of the codes.
 
-    The layout (torch 2.13; checked against the op once per process by
-    :func:`_torch_layout_is_known`): output rows in blocks of 64, each block
-    stored as ``[K, 32]`` bytes whose byte ``(k, j)`` holds row ``j`` in its low
-    nibble and row ``j + 32`` in its high one; the last ``N % 64`` rows
-    (a multiple of 16) as ``[K, T / 2]`` bytes pairing adjacent rows. It reads
+    The layout (torch 2.13; ``block_n`` found once per process by
+    :func:`_torch_int4_block_n`): output rows in blocks of ``B = block_n``,
+    each block stored as ``[K, B / 2]`` bytes whose byte ``(k, j)`` holds row
+    ``j`` in its low nibble and row ``j + B / 2`` in its high one; the last
+    ``N % B`` rows (a multiple of 16) as ``[K, T / 2]`` bytes pairing adjacent
+    rows. It reads
     the codes input-major, so GPTQ's ``[K, N]`` codes (passed as ``.t()``)
     are never transposed as int32.
     """
     n, k = (int(s) for s in codes.shape)
     by_input = codes.t().to(torch.uint8)  # [K, N]; a view when the codes were [K, N] uint8
-    full = n // _BLOCK_N * _BLOCK_N
+    full = n // block_n * block_n
     pieces = []
     if full:
-        blocks = by_input[:, :full].reshape(k, full // _BLOCK_N, 2, _BLOCK_N // 2)
+        blocks = by_input[:, :full].reshape(k, full // block_n, 2, block_n // 2)
         pieces.append((blocks[:, :, 0] | (blocks[:, :, 1] << 4)).permute(1, 0, 2).reshape(-1))
     if full < n:
         tail = by_input[:, full:]
@@ -212,10 +227,20 @@ def _int4pack_bytes(codes: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
-def _torch_layout_is_known() -> bool:
-    """Whether :func:`_int4pack_bytes` gives this torch's bytes (a different torch falls back to its op)."""
+def _torch_int4_block_n() -> int | None:
+    """The row-block size of this process's torch int4 CPU layout, ``None`` when it is none we can build.
+
+    torch picks the layout by the CPU it dispatches to (``torch.backends.cpu.get_cpu_capability()``): rows
+    in blocks of 64 on AVX512, of 32 on AVX2, something else on the portable build. Each candidate is
+    compared byte for byte with ``_convert_weight_to_int4pack_for_cpu`` on a probe whose row count leaves
+    a tail, so a torch that changes its layout packs through its own (slower) op instead of wrongly.
+    """
     generator = torch.Generator().manual_seed(0)
-    probe = torch.randint(0, 16, (_BLOCK_N + 16, 64), dtype=torch.int32, generator=generator)
+    probe = torch.randint(0, 16, (max(_BLOCK_N_CANDIDATES) + 16, 64), dtype=torch.int32, generator=generator)
     expected = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)
-    return bool(expected.dtype == torch.uint8 and expected.shape == (_BLOCK_N + 16, 32)
-                and torch.equal(expected, _int4pack_bytes(probe)))
+    if expected.dtype != torch.uint8 or expected.shape != (probe.shape[0], probe.shape[1] // 2):
+        return None
+    for block_n in _BLOCK_N_CANDIDATES:
+        if torch.equal(expected, _int4pack_bytes(probe, block_n)):
+            return block_n
+    return None
