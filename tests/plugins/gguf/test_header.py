@@ -89,6 +89,38 @@ def test_file_cut_inside_the_metadata_is_truncated(tmp_path):
         read_header(path)
 
 
+def test_a_string_array_item_cut_by_the_end_of_the_file_names_key_and_item(tmp_path):
+    kv = (gguf_string("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 3)
+          + gguf_string("a") + gguf_string("bb") + gguf_string(b"c", length=40))
+    path = write_bytes(tmp_path, raw_header(kv_count=1, kv=kv) + b"\0" * 24)
+    with pytest.raises(CheckpointFormatError,
+                       match=r"bad\.gguf: truncated file: item 2 of the 3 strings of metadata key "
+                             r"'tokenizer\.ggml\.tokens' runs past the end of the file"):
+        read_header(path)
+
+
+def test_vocabulary_strings_are_decoded_when_read_and_a_bad_one_is_named_then(tmp_path):
+    """A load needs only the tensor table behind the vocabulary, so the header keeps the strings as bytes
+    (decoding ~100k of them was a third of a SmolLM2 load); the tokenizer reads them and meets any bad one."""
+    writer = gguf.GGUFWriter(str(tmp_path / "ok.gguf"), "llama")
+    writer.add_token_list(["a", "é", "c"])
+    writer.add_tensor("output_norm.weight", np.arange(8, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    good = (tmp_path / "ok.gguf").read_bytes()
+    tokens = read_header(tmp_path / "ok.gguf").metadata["tokenizer.ggml.tokens"]
+    assert (len(tokens), tokens[1], list(tokens), tokens[::2]) == (3, "é", ["a", "é", "c"], ["a", "c"])
+    assert tokens == ("a", "é", "c") and tokens != ["a"] and repr(tokens) == "GGUFStrings(3 strings)"
+    bad = write_bytes(tmp_path, good.replace("é".encode(), b"\xff\xfe"))
+    tokens = read_header(bad).metadata["tokenizer.ggml.tokens"]  # the header alone still parses
+    assert len(tokens) == 3
+    with pytest.raises(CheckpointFormatError,
+                       match=r"bad\.gguf: metadata key 'tokenizer\.ggml\.tokens': item 1 is not valid UTF-8"):
+        tokens[0]
+
+
 def test_tensor_data_past_the_end_of_the_file_names_the_tensor(tmp_path):
     full = small_file(tmp_path / "full.gguf").read_bytes()
     path = write_bytes(tmp_path, full[:-100])

@@ -26,7 +26,7 @@ import numpy as np
 from loader.errors import ConfigError, UnknownArchitectureError, UnsupportedError
 from loader.weights import ReadStats
 
-from .header import GGUFHeader
+from .header import GGUFHeader, GGUFStrings
 from .rope_freqs import llama3_scaling_from_divisors
 from .tensors import GGUFTensor, MappedFile
 
@@ -93,7 +93,7 @@ def vocab_size(header: GGUFHeader) -> int:
     embed = next((t for t in header.tensors if t.name == "token_embd.weight"), None)
     if declared is not None:
         size = meta.integer("vocab_size")
-    elif isinstance(tokens, list):
+    elif isinstance(tokens, GGUFStrings | list):
         size = len(tokens)
     elif embed is not None:
         size = embed.shape[0]

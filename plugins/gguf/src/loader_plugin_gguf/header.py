@@ -17,9 +17,9 @@ import functools
 import mmap
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import attrs
 import numpy as np
@@ -29,7 +29,7 @@ from loader.errors import CheckpointFormatError, UnsupportedError
 
 from .tensor_table import TableEntry, TensorInfo, alignment_of, build_tensor_table
 
-__all__ = ["GGUF_MAGIC", "SUPPORTED_VERSIONS", "GGUFHeader", "TensorInfo", "read_header", "sniff"]
+__all__ = ["GGUF_MAGIC", "SUPPORTED_VERSIONS", "GGUFHeader", "GGUFStrings", "TensorInfo", "read_header", "sniff"]
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)  # v1 counted in 32 bits and is long gone
@@ -167,33 +167,90 @@ def _read_value(cur: _Cursor, vtype: int, key: str) -> Any:
     raise CheckpointFormatError(f"{cur.path}: metadata key {key!r} has unknown value type {vtype}")
 
 
-def _read_string_array(cur: _Cursor, count: int, key: str) -> list[str]:
-    """The hot loop of a header (vocabularies, merges): bounds-checked, no per-item calls."""
-    buf, pos, size = cur.buf, cur.pos, cur.size
+def _read_string_array(cur: _Cursor, count: int, key: str) -> GGUFStrings:
+    """The hot loop of a header (vocabularies, merges): walk the lengths, bounds-checked, decode nothing.
+
+    Decoding ~100k vocabulary and merge strings is most of a header's parse, yet only a tokenizer reads
+    them; a load needs the tensor table behind them. So the walk only finds where the array ends, and
+    :class:`GGUFStrings` keeps a copy of its bytes to decode when first read.
+    """
+    buf, start, size = cur.buf, cur.pos, cur.size
     length_of = _U64.unpack_from
-    out: list[str] = []
-    append = out.append
+    pos, done = start, 0
     try:
-        for _ in range(count):
+        for done in range(count):  # noqa: B007 -- ``done`` says where a truncated array stopped
             (length,) = length_of(buf, pos)
-            pos += 8
-            end = pos + length
-            if end > size:
+            if pos + 8 + length > size:
                 break
-            append(buf[pos:end].decode("utf-8"))
-            pos = end
+            pos += 8 + length
+        else:
+            done = count
     except struct.error:
         pass
-    except UnicodeDecodeError as exc:
-        raise CheckpointFormatError(f"{cur.path}: item {len(out)} of metadata key {key!r} is not valid "
-                                    f"UTF-8 ({exc.reason})") from exc
-    if len(out) < count:
+    if done < count:
         raise CheckpointFormatError(
-            f"{cur.path}: truncated file: item {len(out)} of the {count} strings of metadata key {key!r} "
+            f"{cur.path}: truncated file: item {done} of the {count} strings of metadata key {key!r} "
             f"runs past the end of the file"
         )
     cur.pos = pos
-    return out
+    return GGUFStrings(bytes(buf[start:pos]), count, f"{cur.path}: metadata key {key!r}")
+
+
+class GGUFStrings(Sequence[str]):
+    """A GGUF string array (vocabulary, merges), decoded from its bytes the first time it is read.
+
+    Compares equal to a list of the same strings. A string that is not UTF-8 raises
+    :class:`~loader.errors.CheckpointFormatError` naming the file, key and item when the array is read
+    (a tokenizer is built), not when the header is parsed for a load that never reads it.
+    """
+
+    __slots__ = ("_count", "_items", "_raw", "_where")
+
+    def __init__(self, raw: bytes, count: int, where: str) -> None:
+        self._raw, self._count, self._where = raw, count, where
+        self._items: list[str] | None = None
+
+    def _decoded(self) -> list[str]:
+        if self._items is None:
+            raw, length_of, pos = self._raw, _U64.unpack_from, 0
+            items: list[str] = []
+            append = items.append
+            try:
+                for _ in range(self._count):
+                    (length,) = length_of(raw, pos)
+                    pos += 8
+                    append(raw[pos:pos + length].decode("utf-8"))
+                    pos += length
+            except UnicodeDecodeError as exc:
+                raise CheckpointFormatError(f"{self._where}: item {len(items)} is not valid UTF-8 "
+                                            f"({exc.reason})") from exc
+            self._items = items
+        return self._items
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        return self._decoded()[index]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._decoded())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, GGUFStrings | list | tuple):
+            return self._decoded() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-list semantics, as the list it stands for
+
+    def __repr__(self) -> str:
+        return f"GGUFStrings({self._count} strings)"
 
 
 def _read_tensor_info(cur: _Cursor, index: int) -> TableEntry:

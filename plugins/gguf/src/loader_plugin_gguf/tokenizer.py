@@ -24,7 +24,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pro
 from loader.checkpoint import TokenizerBundle
 from loader.errors import UnsupportedError
 
-from .header import GGUFHeader
+from .header import GGUFHeader, GGUFStrings
 from .pretokenizers import IGNORE_MERGES, pre_tokenizer_for
 
 __all__ = ["build_tokenizer", "byte_alphabet", "merges_from_scores"]
@@ -136,9 +136,10 @@ def build_tokenizer(header: GGUFHeader) -> TokenizerBundle | None:
     meta = header.metadata
     where = str(header.path)
     kind = meta.get("tokenizer.ggml.model")
-    tokens = meta.get("tokenizer.ggml.tokens")
-    if kind is None or not isinstance(tokens, list):
+    listed = meta.get("tokenizer.ggml.tokens")
+    if kind is None or not isinstance(listed, GGUFStrings | list):
         return None
+    tokens = list(listed)  # decodes the vocabulary (the header parse leaves it as bytes)
     raw_types = meta.get("tokenizer.ggml.token_type")
     types = [int(t) for t in raw_types] if raw_types is not None else [NORMAL] * len(tokens)
     if len(types) != len(tokens):
