@@ -20,8 +20,13 @@ encoded once by loader's tokenizer and handed to every path — with the same th
 token) and decode tokens/s over the tokens after the first. The first words of each path's output are
 printed so a wrong answer is seen. Ratios are against ``dequant-f32`` (decode) and ``llama.cpp`` (load).
 
+With ``--warm`` every process (loader's and llama.cpp's alike) first loads a one-layer Q4_0 Llama with
+SmolLM2's tokenizer (``gguf_checkpoints.ensure_warm_up_gguf``), untimed, so the timed load finds the library
+imported and initialised as in a serving process; without it the timed load is the process's first (loader's
+then includes importing its pipeline and plugins, llama.cpp's its backends' initialisation).
+
 Usage: ``.venv/bin/python benchmarks/bench_gguf_packed.py [--reps 3] [--tokens 32] [--threads 2] [--big]
-[--json out.json]``. Nothing is asserted: it measures and prints.
+[--warm] [--json out.json]``. Nothing is asserted: it measures and prints.
 """
 
 from __future__ import annotations
@@ -67,6 +72,9 @@ from loader._generation import greedy_tokens
 path, options, prompt_ids, tokens, threads = (sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]),
                                               int(sys.argv[4]), int(sys.argv[5]))
 torch.set_num_threads(threads)
+if sys.argv[6:]:  # warm: the library imported and initialised by a load of another (tiny) file first
+    warm_up = loader.load_model(sys.argv[6], **options)
+    del warm_up
 gc.collect()
 before = rss()
 t0 = time.perf_counter()
@@ -89,6 +97,10 @@ import json, sys
 import llama_cpp
 
 path, prompt_ids, tokens, threads = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+if sys.argv[5:]:  # warm, as the loader child
+    warm_up = llama_cpp.Llama(model_path=sys.argv[5], n_threads=threads, n_threads_batch=threads, n_gpu_layers=0,
+                              n_ctx=64, use_mmap=True, verbose=False)
+    del warm_up
 before = rss()
 t0 = time.perf_counter()
 llm = llama_cpp.Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_gpu_layers=0,
@@ -120,15 +132,16 @@ def _child(command: list[str], what: str) -> dict[str, Any]:
 
 
 def run_once(name: str, path: Path, prompt_ids: list[int], tokens: int, threads: int,
-             llamacpp: Path | None) -> dict[str, Any]:
-    """One fresh process of path ``name`` on the GGUF at ``path``."""
+             llamacpp: Path | None, warm_up: Path | None = None) -> dict[str, Any]:
+    """One fresh process of path ``name`` on the GGUF at ``path`` (loading ``warm_up`` first, untimed, if given)."""
     ids, count, n = json.dumps(prompt_ids), str(tokens), str(threads)
+    first = [str(warm_up)] if warm_up is not None else []
     if name == LLAMA_CPP:
         if llamacpp is None:
             raise ValueError("llama.cpp asked for without its virtualenv")
-        return _child([str(llamacpp), "-c", _LLAMA_CPP_CHILD, str(path), ids, count, n], name)
+        return _child([str(llamacpp), "-c", _LLAMA_CPP_CHILD, str(path), ids, count, n, *first], name)
     options = json.dumps(LOADER_PATHS[name])
-    return _child([sys.executable, "-c", _LOADER_CHILD, str(path), options, ids, count, n], name)
+    return _child([sys.executable, "-c", _LOADER_CHILD, str(path), options, ids, count, n, *first], name)
 
 
 def _median_table(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
@@ -144,7 +157,7 @@ def bench_file(label: str, path: Path, names: list[str], prompt_ids: list[int], 
     for rep in range(args.reps):
         for name in (names if rep % 2 == 0 else list(reversed(names))):
             print(f"  {label}: rep {rep + 1}/{args.reps} {name} ...", file=sys.stderr, flush=True)
-            runs[name].append(run_once(name, path, prompt_ids, args.tokens, args.threads, llamacpp))
+            runs[name].append(run_once(name, path, prompt_ids, args.tokens, args.threads, llamacpp, args.warm_up))
     table = _median_table(runs)
     size = path.stat().st_size
     base_decode = table.get("dequant-f32", {}).get("decode_tok_s")
@@ -175,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated subset of: " + ", ".join([*LOADER_PATHS, LLAMA_CPP]))
     parser.add_argument("--big", action="store_true", help="also the 1 GB-class Q4_0 and Q4_K Llamas")
     parser.add_argument("--json", type=Path, help="also write every run here")
+    parser.add_argument("--warm", action="store_true",
+                        help="each process loads a one-layer GGUF first (untimed): the timed load then finds the "
+                             "library imported and initialised, as in a serving process, on every path alike")
     args = parser.parse_args(argv)
     names = [name.strip() for name in args.paths.split(",") if name.strip()]
     unknown = sorted(set(names) - {*LOADER_PATHS, LLAMA_CPP})
@@ -189,6 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     from loader._generation import encode_prompt, tokenizer_for
 
     smollm2 = Path(fetch_smollm2())
+    if args.warm:
+        from benchmarks.gguf_checkpoints import ensure_warm_up_gguf
+
+        args.warm_up = ensure_warm_up_gguf(OUT, smollm2)
+    else:
+        args.warm_up = None
     llamacpp = llamacpp_python() if LLAMA_CPP in names else None
     bundle = tokenizer_for(str(smollm2))
     prompt_ids = encode_prompt(bundle, QUESTION, chat=True)
@@ -196,10 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     def decode(ids: list[int]) -> str:
         return str(bundle.tokenizer.decode(ids, skip_special_tokens=True))
 
+    mode = "warm (a one-layer GGUF loaded first in each process)" if args.warm else "cold (first load per process)"
     print("$ " + shlex.join([Path(sys.executable).name, *sys.argv]))
     print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs, threads {args.threads}, "
           f"load average {os.getloadavg()[0]:.1f} at start, {LLAMA_CPP_PYTHON if llamacpp else 'no llama.cpp'}, "
-          f"prompt {len(prompt_ids)} tokens, decode {args.tokens} tokens ({args.big_tokens} on the 1 GB files)")
+          f"prompt {len(prompt_ids)} tokens, decode {args.tokens} tokens ({args.big_tokens} on the 1 GB files), "
+          f"{mode}")
     results = {"smollm2": bench_file("SmolLM2-135M-Instruct Q4_1", smollm2, names, prompt_ids, args, llamacpp,
                                      decode)}
     if args.big:

@@ -24,7 +24,7 @@ import numpy as np
 
 from .checkpoints import LlamaShape, shape_for_size
 
-__all__ = ["QTYPES", "ensure_gguf_llama"]
+__all__ = ["QTYPES", "ensure_gguf_llama", "ensure_warm_up_gguf"]
 
 QTYPES = ("Q4_0", "Q4_K")
 _STD = 0.02
@@ -68,14 +68,26 @@ def _quantized(rng: np.random.Generator, rows: int, cols: int, qtype: str) -> np
     return blocks.reshape(rows, -1)
 
 
-def ensure_gguf_llama(out_dir: Path, qtype: str, smollm2: Path) -> Path:
-    """The path of the 1 GB-class Llama in ``qtype``, writing it first when missing."""
+def ensure_warm_up_gguf(out_dir: Path, smollm2: Path) -> Path:
+    """A one-layer Llama (hidden 64, Q4_0, SmolLM2's tokenizer) that a benchmark loads before the one it times.
+
+    Why: the timed load should find the library as a serving process does — imported, plugins discovered,
+    kernels initialised — on both sides (loader and llama.cpp each load this file first), without the
+    measured file's own header or pages cached by an earlier load of it.
+    """
+    shape = LlamaShape(64, 128, 4, 2, 1, vocab=49152)
+    return ensure_gguf_llama(out_dir, "Q4_0", smollm2, shape=shape, stem="llama-warm-up")
+
+
+def ensure_gguf_llama(out_dir: Path, qtype: str, smollm2: Path, *, shape: LlamaShape | None = None,
+                      stem: str = "llama-1gb") -> Path:
+    """The path of the 1 GB-class Llama (or ``shape``) in ``qtype``, writing it first when missing."""
     import gguf
 
     if qtype not in QTYPES:
         raise ValueError(f"qtype must be one of {QTYPES}, found {qtype!r}")
-    shape = _shape()
-    path = out_dir / f"llama-1gb-{qtype.lower()}.gguf"
+    shape = shape or _shape()
+    path = out_dir / f"{stem}-{qtype.lower()}.gguf"
     marker = path.with_suffix(".complete")
     spec = json.dumps({"shape": shape.__dict__, "qtype": qtype, "std": _STD})
     if path.exists() and marker.exists() and marker.read_text() == spec:
@@ -83,7 +95,7 @@ def ensure_gguf_llama(out_dir: Path, qtype: str, smollm2: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(17)
     writer = gguf.GGUFWriter(path, "llama")
-    writer.add_name(f"random llama 1gb {qtype}")
+    writer.add_name(f"random {stem} {qtype}")
     writer.add_context_length(4096)
     writer.add_embedding_length(shape.hidden)
     writer.add_block_count(shape.layers)
