@@ -220,7 +220,9 @@ def main(argv: list[str] | None = None) -> int:
 
     mode = "warm (a one-layer GGUF loaded first in each process)" if args.warm else "cold (first load per process)"
     print("$ " + shlex.join([Path(sys.executable).name, *sys.argv]))
-    print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs, threads {args.threads}, "
+    from benchmarks.machine import describe_machine
+
+    print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {describe_machine()}, threads {args.threads}, "
           f"load average {os.getloadavg()[0]:.1f} at start, {LLAMA_CPP_PYTHON if llamacpp else 'no llama.cpp'}, "
           f"prompt {len(prompt_ids)} tokens, decode {args.tokens} tokens ({args.big_tokens} on the 1 GB files), "
           f"{mode}")

@@ -27,6 +27,20 @@ def _cpuinfo() -> tuple[str, int]:
     return model, count or (os.cpu_count() or 0)
 
 
+def _vector_isa() -> str:
+    """The widest x86 vector extension the CPU reports: torch's CPU kernels (the int4 matmul and its weight
+    layout among them) differ between AVX512 and AVX2, and machines of the same model name differ in it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "flags":
+                flags = set(value.split())
+                return next((isa for isa in ("avx512f", "avx2", "avx") if isa in flags), "no AVX").upper()
+    except OSError:
+        pass
+    return platform.machine() or "unknown ISA"
+
+
 def _mem_total_gib() -> float | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -50,7 +64,7 @@ def describe_machine() -> str:
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else count
     memory = _mem_total_gib()
     shown_memory = f"{memory:.1f} GiB RAM" if memory is not None else "RAM unknown"
-    return (f"{model}, {count} logical CPUs ({usable} usable), {shown_memory}, "
+    return (f"{model} ({_vector_isa()}), {count} logical CPUs ({usable} usable), {shown_memory}, "
             f"Linux {platform.release()}, transparent_hugepage `{_thp()}`")
 
 
