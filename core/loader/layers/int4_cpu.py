@@ -103,14 +103,17 @@ def pack_int4(codes: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, g
     reason = int4_unsupported_reason(n, k, group_size)
     if reason is not None:
         return Int4CpuWeight(codes.to(torch.uint8).contiguous(), scales_and_zeros, group_size, k, reason)
-    if _torch_layout_is_known():
-        data = _int4pack_bytes(codes)
+    block_n = _torch_block_n()
+    if block_n is not None:
+        data = _int4pack_bytes(codes, block_n)
     else:
         data = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
     return Int4CpuWeight(data, scales_and_zeros, group_size, k, None)
 
 
-_BLOCK_N = 64
+_BLOCK_NS = (64, 32)
+"""The row blocks torch's int4 CPU layout uses: ``4 * Vectorized<float>::size()``, so 64 rows on an
+AVX-512 build and CPU, 32 on AVX2 (torch 2.13); which one is read off the op once per process."""
 HALF_SPLIT_GROUP = 32
 """Columns per group of :func:`pack_int4_half_split`'s byte order (GGML's Q4_0/Q4_1 blocks)."""
 
@@ -135,7 +138,8 @@ def pack_int4_half_split(qs: torch.Tensor, scales: torch.Tensor, biases: torch.T
     if half != HALF_SPLIT_GROUP // 2:
         raise ValueError(f"half-split codes {tuple(qs.shape)} do not hold groups of {HALF_SPLIT_GROUP} columns")
     k = groups * HALF_SPLIT_GROUP
-    if int4_unsupported_reason(n, k, HALF_SPLIT_GROUP) is not None or not _torch_layout_is_known():
+    block_n = _torch_block_n()
+    if int4_unsupported_reason(n, k, HALF_SPLIT_GROUP) is not None or block_n is None:
         codes = torch.cat((qs & 0x0F, qs >> 4), dim=2).reshape(n, k)
         return pack_int4(codes, scales, biases, HALF_SPLIT_GROUP, dtype)
     if scales.shape != (groups, n) or biases.shape != scales.shape:
@@ -143,7 +147,7 @@ def pack_int4_half_split(qs: torch.Tensor, scales: torch.Tensor, biases: torch.T
                          f"half-split codes {tuple(qs.shape)}")
     s = scales.to(torch.float32)
     scales_and_zeros = torch.stack([s, biases.to(torch.float32) + 8 * s], dim=-1).to(dtype).contiguous()
-    return Int4CpuWeight(_int4pack_from_half_split(qs), scales_and_zeros, HALF_SPLIT_GROUP, k, None)
+    return Int4CpuWeight(_int4pack_from_half_split(qs, block_n), scales_and_zeros, HALF_SPLIT_GROUP, k, None)
 
 
 _LOW_NIBBLES = 0x0F0F0F0F0F0F0F0F
@@ -163,7 +167,7 @@ def _pair_rows(low_rows: torch.Tensor, high_rows: torch.Tensor) -> torch.Tensor:
     return paired.view(torch.uint8).view(*paired.shape[:-2], 2, 16)
 
 
-def _int4pack_from_half_split(qs: torch.Tensor) -> torch.Tensor:
+def _int4pack_from_half_split(qs: torch.Tensor, block_n: int) -> torch.Tensor:
     """:func:`_int4pack_bytes`'s layout (see there) from half-split codes ``[N, G, 16]``.
 
     The nibbles are paired on 64-bit words of a contiguous copy of the codes;
@@ -172,12 +176,12 @@ def _int4pack_from_half_split(qs: torch.Tensor) -> torch.Tensor:
     n, groups, _ = (int(s) for s in qs.shape)
     k = groups * HALF_SPLIT_GROUP
     words = qs.contiguous().view(torch.int64)  # [N, G, 2]
-    full = n // _BLOCK_N * _BLOCK_N
+    full = n // block_n * block_n
     out = torch.empty(n * k // 2, dtype=torch.uint8, device=qs.device)
     if full:
-        blocks = words[:full].view(full // _BLOCK_N, 2, _BLOCK_N // 2, groups, 2)
-        paired = _pair_rows(blocks[:, 0], blocks[:, 1])  # [B, 32, G, 2, 16]
-        out[: full * k // 2].view(full // _BLOCK_N, groups, 2, 16, _BLOCK_N // 2).copy_(
+        blocks = words[:full].view(full // block_n, 2, block_n // 2, groups, 2)
+        paired = _pair_rows(blocks[:, 0], blocks[:, 1])  # [B, block_n / 2, G, 2, 16]
+        out[: full * k // 2].view(full // block_n, groups, 2, 16, block_n // 2).copy_(
             paired.permute(0, 2, 3, 4, 1))
     if full < n:
         tail = words[full:]
@@ -186,36 +190,46 @@ def _int4pack_from_half_split(qs: torch.Tensor) -> torch.Tensor:
     return out.view(n, k // 2)
 
 
-def _int4pack_bytes(codes: torch.Tensor) -> torch.Tensor:
+def _int4pack_bytes(codes: torch.Tensor, block_n: int) -> torch.Tensor:
     """torch's CPU int4 layout built with byte operations: the same bytes as
     ``_convert_weight_to_int4pack_for_cpu(codes.int(), 1)`` without its int32 copy of the codes.
 
-    The layout (torch 2.13; checked against the op once per process by
-    :func:`_torch_layout_is_known`): output rows in blocks of 64, each block
-    stored as ``[K, 32]`` bytes whose byte ``(k, j)`` holds row ``j`` in its low
-    nibble and row ``j + 32`` in its high one; the last ``N % 64`` rows
-    (a multiple of 16) as ``[K, T / 2]`` bytes pairing adjacent rows. It reads
-    the codes input-major, so GPTQ's ``[K, N]`` codes (passed as ``.t()``)
-    are never transposed as int32.
+    The layout (torch 2.13; which ``block_n`` this process's torch uses is read
+    off the op once by :func:`_torch_block_n`): output rows in blocks of
+    ``block_n`` (64 with AVX-512, 32 with AVX2), each block stored as
+    ``[K, block_n / 2]`` bytes whose byte ``(k, j)`` holds row ``j`` in its low
+    nibble and row ``j + block_n / 2`` in its high one; the last ``N % block_n``
+    rows (a multiple of 16) as ``[K, T / 2]`` bytes pairing adjacent rows. It
+    reads the codes input-major, so GPTQ's ``[K, N]`` codes (passed as ``.t()``)
+    are never transposed as int32; besides the result it allocates one
+    half-size temporary (the op's int32 copy alone is eight times that).
     """
     n, k = (int(s) for s in codes.shape)
     by_input = codes.t().to(torch.uint8)  # [K, N]; a view when the codes were [K, N] uint8
-    full = n // _BLOCK_N * _BLOCK_N
-    pieces = []
+    full = n // block_n * block_n
+    out = torch.empty(n * k // 2, dtype=torch.uint8, device=codes.device)
     if full:
-        blocks = by_input[:, :full].reshape(k, full // _BLOCK_N, 2, _BLOCK_N // 2)
-        pieces.append((blocks[:, :, 0] | (blocks[:, :, 1] << 4)).permute(1, 0, 2).reshape(-1))
+        blocks = by_input[:, :full].reshape(k, full // block_n, 2, block_n // 2)
+        paired = blocks[:, :, 1] << 4
+        paired |= blocks[:, :, 0]
+        out[: full * k // 2].view(full // block_n, k, block_n // 2).copy_(paired.permute(1, 0, 2))
+        del paired
     if full < n:
         tail = by_input[:, full:]
-        pieces.append((tail[:, 0::2] | (tail[:, 1::2] << 4)).reshape(-1))
-    return torch.cat(pieces).reshape(n, k // 2) if len(pieces) > 1 else pieces[0].reshape(n, k // 2)
+        paired = tail[:, 1::2] << 4
+        paired |= tail[:, 0::2]
+        out[full * k // 2:].view(k, (n - full) // 2).copy_(paired)
+    return out.view(n, k // 2)
 
 
 @functools.cache
-def _torch_layout_is_known() -> bool:
-    """Whether :func:`_int4pack_bytes` gives this torch's bytes (a different torch falls back to its op)."""
+def _torch_block_n() -> int | None:
+    """The row block of this torch's int4 CPU layout (:data:`_BLOCK_NS`), or ``None`` when neither matches the
+    op's bytes (a different torch then packs with its own op, at the cost of an int32 copy of the codes)."""
     generator = torch.Generator().manual_seed(0)
-    probe = torch.randint(0, 16, (_BLOCK_N + 16, 64), dtype=torch.int32, generator=generator)
+    rows = max(_BLOCK_NS) + 16  # whole blocks and a tail for either size
+    probe = torch.randint(0, 16, (rows, 64), dtype=torch.int32, generator=generator)
     expected = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)
-    return bool(expected.dtype == torch.uint8 and expected.shape == (_BLOCK_N + 16, 32)
-                and torch.equal(expected, _int4pack_bytes(probe)))
+    if expected.dtype != torch.uint8 or expected.shape != (rows, 32):
+        return None
+    return next((b for b in _BLOCK_NS if torch.equal(expected, _int4pack_bytes(probe, b))), None)
