@@ -5,11 +5,13 @@ once. On the CPU, tensors of at least
 :func:`~loader._mapped_parameters.min_map_bytes` (1 MiB) get memory of their own, into
 which the checkpoint's file pages can be mapped (:mod:`loader._mapped_parameters`);
 the rest (and all of them with ``LOADER_MAP_WEIGHTS=0``) are carved from an
-arena: one for the tensors of layers whose quantize method post-processes
-them (which it usually replaces: GPTQ's small ``scales``, ``qzeros`` and
+arena: one per layer whose quantize method post-processes its tensors
+(which it usually replaces: GPTQ's small ``scales``, ``qzeros`` and
 ``g_idx``), one for the rest. Pages written into an arena stay resident
 while any tensor in it lives, so sharing one with the norms kept every
-dropped checkpoint tensor's bytes in RSS (35 MiB for a 1.1B GPTQ Llama). Both are advised for transparent huge pages (whole 2 MiB spans only), which makes first-touch
+dropped checkpoint tensor's bytes in RSS (35 MiB for a 1.1B GPTQ Llama), and
+one arena for all such layers would keep them until the last layer is
+processed, at the load's peak. Both are advised for transparent huge pages (whole 2 MiB spans only), which makes first-touch
 page faults (the dominant cost of copying a checkpoint into fresh memory)
 about 8x cheaper. Parameter objects are kept (only ``.data`` changes), so
 ``weight_loader`` attributes survive.
@@ -94,9 +96,11 @@ def materialize(model: nn.Module, device: torch.device, *, arena: bool = True) -
     if device.type == "cpu" and arena and entries:
         if mapping_enabled():
             entries = _give_regions(entries)
-        replaced = [_post_processed(owners) for owners, _, _ in entries]
-        _fill_arena([e for e, r in zip(entries, replaced, strict=True) if not r])
-        _fill_arena([e for e, r in zip(entries, replaced, strict=True) if r])
+        by_layer: dict[int, list[tuple[list[tuple[nn.Module, str]], torch.Tensor, bool]]] = {}
+        for entry in entries:
+            by_layer.setdefault(id(entry[0][0][0]) if _post_processed(entry[0]) else 0, []).append(entry)
+        for group in by_layer.values():
+            _fill_arena(group)
     else:
         for owners, tensor, is_param in entries:
             _assign(owners, tensor, torch.empty_like(tensor, device=device), is_param)
