@@ -144,11 +144,11 @@ def _table(shape: LlamaShape, tokens: int, rows: list[tuple[str, dict[str, float
     for label, r in rows:
         above, base_above = r["peak_rss"] - r["before_rss"], base["peak_rss"] - base["before_rss"]
         print(f"| {label} | {r['load_s']:.2f} | {r['forward_s']:.3f} | {r['forward_s'] / base['forward_s']:.2f} | "
-              f"{r['model_bytes'] / gib:.2f} GiB | {r['model_bytes'] / base['model_bytes']:.2f} | "
-              f"{r['load_rss'] / gib:.2f} GiB | {r['load_rss'] / base['load_rss']:.2f} | "
+              f"{r['model_bytes'] / gib:.2f} GiB | {r['model_bytes'] / base['model_bytes']:.3f} | "
+              f"{r['load_rss'] / gib:.2f} GiB | {r['load_rss'] / base['load_rss']:.3f} | "
               f"{r['load_anon'] / gib:.2f} / {r['load_file'] / gib:.2f} GiB | "
-              f"{above / gib:.2f} GiB | {above / base_above:.2f} | "
-              f"{r['peak_rss'] / gib:.2f} GiB | {r['peak_rss'] / base['peak_rss']:.2f} |")
+              f"{above / gib:.2f} GiB | {above / base_above:.3f} | "
+              f"{r['peak_rss'] / gib:.2f} GiB | {r['peak_rss'] / base['peak_rss']:.3f} |")
     print()
 
 
