@@ -11,7 +11,8 @@ arena: one per layer whose quantize method post-processes its tensors
 while any tensor in it lives, so sharing one with the norms kept every
 dropped checkpoint tensor's bytes in RSS (35 MiB for a 1.1B GPTQ Llama), and
 one arena for all such layers would keep them until the last layer is
-processed, at the load's peak. Both are advised for transparent huge pages (whole 2 MiB spans only), which makes first-touch
+processed, at the load's peak. Regions and arenas are advised for
+transparent huge pages (whole 2 MiB spans only), which makes first-touch
 page faults (the dominant cost of copying a checkpoint into fresh memory)
 about 8x cheaper. Parameter objects are kept (only ``.data`` changes), so
 ``weight_loader`` attributes survive.
