@@ -99,3 +99,32 @@ def test_small_tensors_a_quantize_method_drops_leave_the_resident_set():
     gc.collect()
     assert before - _rss_anon_kib() >= 3 * 1024  # of the 4 MiB written
     assert float(model.norm.sum()) == 1024.0
+
+
+def test_post_processed_layers_share_arenas_when_memory_maps_run_short(monkeypatch):
+    """One arena per layer unless that would exceed the memory-map budget; the kept tensors never share one."""
+    from loader._pipeline import materialize as materialize_module
+
+    class _Layers(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList()
+            for _ in range(5):
+                layer = nn.Module()
+                layer.register_parameter("scales", nn.Parameter(torch.empty(1024), requires_grad=False))
+                layer.quant_method = _Replacing()
+                self.layers.append(layer)
+            self.norm = nn.Parameter(torch.empty(1024))
+
+    def arenas(model: nn.Module) -> list[int]:
+        return [layer.scales.untyped_storage().data_ptr() for layer in model.layers]
+
+    with torch.device("meta"):
+        roomy, tight = _Layers(), _Layers()
+    materialize(roomy, torch.device("cpu"))
+    assert len(set(arenas(roomy))) == 5
+    monkeypatch.setattr(materialize_module, "region_budget", lambda: 2)
+    materialize(tight, torch.device("cpu"))
+    found = arenas(tight)
+    assert found[0] == found[1] == found[2] and found[3] == found[4] and found[0] != found[3]
+    assert tight.norm.untyped_storage().data_ptr() not in found

@@ -97,10 +97,7 @@ def materialize(model: nn.Module, device: torch.device, *, arena: bool = True) -
     if device.type == "cpu" and arena and entries:
         if mapping_enabled():
             entries = _give_regions(entries)
-        by_layer: dict[int, list[tuple[list[tuple[nn.Module, str]], torch.Tensor, bool]]] = {}
-        for entry in entries:
-            by_layer.setdefault(id(entry[0][0][0]) if _post_processed(entry[0]) else 0, []).append(entry)
-        for group in by_layer.values():
+        for group in _arena_groups(entries):
             _fill_arena(group)
     else:
         for owners, tensor, is_param in entries:
@@ -123,7 +120,32 @@ def _post_processed(owners: list[tuple[nn.Module, str]]) -> bool:
     return False
 
 
-def _fill_arena(entries: list[tuple[list[tuple[nn.Module, str]], torch.Tensor, bool]]) -> None:
+_Entry = tuple[list[tuple[nn.Module, str]], torch.Tensor, bool]
+
+
+def _arena_groups(entries: list[_Entry]) -> list[list[_Entry]]:
+    """The arenas' contents: the tensors kept as they are, then each post-processed layer's.
+
+    Consecutive layers share an arena when there are more of them than
+    :func:`~loader._mapped_parameters.region_budget` allows maps for (a
+    quantized mixture of experts can have tens of thousands of layers);
+    modules are post-processed in this order, so such an arena is still
+    released before the load ends.
+    """
+    kept: list[_Entry] = []
+    layers: dict[int, list[_Entry]] = {}
+    for entry in entries:
+        if _post_processed(entry[0]):
+            layers.setdefault(id(entry[0][0][0]), []).append(entry)
+        else:
+            kept.append(entry)
+    groups = list(layers.values())
+    per_arena = -(-len(groups) // max(1, region_budget())) if groups else 1
+    merged = [[e for group in groups[i:i + per_arena] for e in group] for i in range(0, len(groups), per_arena)]
+    return [kept, *merged]
+
+
+def _fill_arena(entries: list[_Entry]) -> None:
     """Carve ``entries`` from one new arena, each on a cache line."""
     if not entries:
         return
