@@ -22,6 +22,7 @@ __all__ = [
     "SHARDS",
     "checkpoint_dir",
     "ensure_checkpoint",
+    "ensure_shape_checkpoint",
     "ensure_tiny_checkpoint",
     "shape_for_size",
     "shard_files",
@@ -188,6 +189,11 @@ TINY = LlamaShape(hidden=64, intermediate=128, heads=4, kv_heads=2, layers=2, vo
 def ensure_checkpoint(out_dir: Path, gigabytes: float) -> tuple[Path, LlamaShape, bool]:
     """Return ``(folder, shape, generated)``, writing the checkpoint unless a complete one is cached."""
     return _ensure(checkpoint_dir(out_dir, gigabytes), shape_for_size(gigabytes))
+
+
+def ensure_shape_checkpoint(out_dir: Path, name: str, shape: LlamaShape) -> tuple[Path, LlamaShape, bool]:
+    """:func:`ensure_checkpoint` for a given shape (e.g. a real model's), cached in ``out_dir / name``."""
+    return _ensure(out_dir / name, shape)
 
 
 def ensure_tiny_checkpoint(out_dir: Path) -> Path:

@@ -29,63 +29,63 @@ def test_the_int4_wrapper_takes_any_affine_4bit_weight_and_explains_what_it_refu
         packed.dequantize()
 
 
+def _reference_int4pack(codes: torch.Tensor, block_n: int) -> torch.Tensor:
+    """torch's CPU int4 layout from its definition, one row block at a time (codes ``[N, K]``)."""
+    n, k = codes.shape
+    full = n // block_n * block_n
+    pieces = []
+    for start in range(0, full, block_n):
+        block = codes[start:start + block_n].to(torch.uint8)
+        pieces.append((block[: block_n // 2] | (block[block_n // 2:] << 4)).t().reshape(-1))
+    if full < n:
+        tail = codes[full:].to(torch.uint8)
+        pieces.append((tail[0::2] | (tail[1::2] << 4)).t().reshape(-1))
+    return torch.cat(pieces).reshape(n, k // 2)
+
+
+@pytest.mark.parametrize("block_n", [64, 32])
+@pytest.mark.parametrize("n", [16, 48, 64, 80, 144, 256])
+def test_the_byte_level_packing_builds_both_row_blocks_of_torch_s_layout(n, block_n):
+    """Blocks of 64 rows (AVX-512 builds) and of 32 (AVX2), whichever this machine runs."""
+    from loader.layers.int4_cpu import _int4pack_bytes
+
+    codes = torch.randint(0, 16, (96, n), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))  # [K, N]
+    assert torch.equal(_int4pack_bytes(codes.t(), block_n), _reference_int4pack(codes.t(), block_n))
+
+
 def test_the_byte_level_packing_knows_this_cpu_s_torch_layout():
-    """torch lays int4 rows out in blocks of 64 on AVX512 and of 32 on AVX2 (an AMD EPYC without AVX512 here):
-    only checking for 64 sent every AVX2 load through torch's slower int32 op (and the half-split path
-    through unpacking), silently."""
-    from loader.layers.int4_cpu import _torch_int4_block_n
+    """torch lays int4 rows out in blocks of 64 on AVX512 and of 32 on AVX2 (an AMD EPYC without AVX512 here)."""
+    from loader.layers.int4_cpu import _torch_block_n
 
     capability = torch.backends.cpu.get_cpu_capability()
     expected = {"AVX512": 64, "AVX2": 32}.get(capability)
     if expected is None:
         pytest.skip(f"torch dispatches to {capability}: its int4 layout is packed by torch's own op")
-    assert _torch_int4_block_n() == expected
-
-
-def _reference_layout(codes: torch.Tensor, block_n: int) -> torch.Tensor:
-    """Element by element: row block b of ``block_n`` rows is [K, block_n / 2] bytes, byte (k, j) holding row
-    j low and row j + block_n / 2 high; the tail pairs adjacent rows."""
-    n, k = codes.shape
-    out = torch.zeros(n * k // 2, dtype=torch.uint8)
-    full = n // block_n * block_n
-    at = 0
-    for start in range(0, full, block_n):
-        for col in range(k):
-            for j in range(block_n // 2):
-                out[at] = codes[start + j, col] | (codes[start + j + block_n // 2, col] << 4)
-                at += 1
-    for col in range(k):
-        for j in range(full, n, 2):
-            out[at] = codes[j, col] | (codes[j + 1, col] << 4)
-            at += 1
-    return out.view(n, k // 2)
+    assert _torch_block_n() == expected
 
 
 @pytest.mark.parametrize("block_n", [32, 64])
 @pytest.mark.parametrize("n", [16, 48, 80])
-def test_the_byte_level_packing_builds_each_cpu_s_layout(n, block_n):
-    """Both layouts from their definition, whichever this CPU uses (so an AVX512-only bug shows on AVX2)."""
-    from loader.layers.int4_cpu import _int4pack_bytes, _int4pack_from_half_split
+def test_half_split_packing_builds_both_row_blocks_of_torch_s_layout(n, block_n):
+    """GGUF's half-split nibbles (column p low, p + 16 high) to either layout, from a strided view of blocks."""
+    from loader.layers.int4_cpu import _int4pack_from_half_split
 
     generator = torch.Generator().manual_seed(n + block_n)
-    qs = torch.randint(0, 256, (n, 2, 16), dtype=torch.uint8, generator=generator)
+    qs = torch.randint(0, 256, (n, 2, 20), dtype=torch.uint8, generator=generator)[:, :, 4:]
     codes = torch.cat((qs & 0x0F, qs >> 4), dim=2).reshape(n, 64)
-    expected = _reference_layout(codes, block_n)
-    assert torch.equal(_int4pack_bytes(codes, block_n), expected)
-    assert torch.equal(_int4pack_from_half_split(qs, block_n), expected)
+    assert torch.equal(_int4pack_from_half_split(qs, block_n), _reference_int4pack(codes, block_n))
 
 
 @pytest.mark.parametrize("n", [16, 48, 64, 80, 144, 256])
 def test_the_byte_level_packing_gives_torch_s_own_int4_layout(n):
-    """pack_int4 builds torch's layout with byte operations; it must equal the op's bytes for every N % 64."""
-    from loader.layers.int4_cpu import _int4pack_bytes, _torch_int4_block_n
+    """pack_int4 builds this machine's torch layout with byte operations (no int32 copy of the codes): on AVX2
+    (32-row blocks) it used to fall back to the op, whose int32 copy made a 1 GB model's load peak 0.3 GiB higher."""
+    from loader.layers.int4_cpu import _torch_block_n
 
-    block_n = _torch_int4_block_n()
-    if block_n is None:
-        pytest.skip(f"torch's int4 layout on {torch.backends.cpu.get_cpu_capability()} is packed by its own op")
+    assert _torch_block_n() in (64, 32)
     codes = torch.randint(0, 16, (96, n), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))  # [K, N]
     expected = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.t().to(torch.int32).contiguous(), 1)
-    assert torch.equal(_int4pack_bytes(codes.t(), block_n), expected)
+    assert torch.equal(pack_int4(codes.t(), torch.ones(3, n), torch.zeros(3, n), 32).data, expected)
 
 
 @pytest.mark.parametrize("n", [16, 48, 64, 80, 144, 256])

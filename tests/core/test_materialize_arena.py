@@ -9,6 +9,7 @@ any weight is read) could fault in a whole 2 MiB page: 2 MiB more peak RSS than
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from loader._pipeline.materialize import _cpu_arena, materialize
+from loader.layers.quantization import QuantizeMethodBase
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 needs_thp = pytest.mark.skipif(not THP.is_file() or "[never]" in THP.read_text(),
@@ -55,3 +57,74 @@ def test_an_arena_of_several_huge_pages_is_still_advised_for_them():
     before = _rss_anon_kib()
     arena[:1].fill_(1)  # one byte faults in a whole huge page where the advice holds
     assert _rss_anon_kib() - before >= 2048
+
+
+class _Replacing(QuantizeMethodBase):
+    """A quantize method that replaces its layer's tensors after loading (as GPTQ's does)."""
+
+    def create_weights(self, layer: nn.Module, *args: object, **kwargs: object) -> None:
+        raise NotImplementedError
+
+    def apply(self, layer: nn.Module, *args: object, **kwargs: object) -> torch.Tensor:
+        raise NotImplementedError
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        for name in [n for n, _ in layer.named_parameters(recurse=False)]:
+            delattr(layer, name)
+        layer.register_buffer("packed", torch.zeros(16, dtype=torch.uint8))
+
+
+class _Quantized(nn.Module):
+    """Sixteen 256 KiB checkpoint tensors (below the 1 MiB of a region: arena) next to a norm that stays."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Module()
+        for i in range(16):
+            self.layer.register_parameter(f"scales{i}", nn.Parameter(torch.empty(64 * 1024), requires_grad=False))
+        self.layer.quant_method = _Replacing()
+        self.norm = nn.Parameter(torch.empty(1024))
+
+
+def test_small_tensors_a_quantize_method_drops_leave_the_resident_set():
+    """They used to share the norms' arena, whose written pages stay resident while the norms live."""
+    with torch.device("meta"):
+        model = _Quantized()
+    materialize(model, torch.device("cpu"))
+    for param in model.parameters():
+        param.data.fill_(1.0)
+    del param  # the loop's last one is a scales tensor
+    before = _rss_anon_kib()
+    model.layer.quant_method.process_weights_after_loading(model.layer)
+    gc.collect()
+    assert before - _rss_anon_kib() >= 3 * 1024  # of the 4 MiB written
+    assert float(model.norm.sum()) == 1024.0
+
+
+def test_post_processed_layers_share_arenas_when_memory_maps_run_short(monkeypatch):
+    """One arena per layer unless that would exceed the memory-map budget; the kept tensors never share one."""
+    from loader._pipeline import materialize as materialize_module
+
+    class _Layers(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList()
+            for _ in range(5):
+                layer = nn.Module()
+                layer.register_parameter("scales", nn.Parameter(torch.empty(1024), requires_grad=False))
+                layer.quant_method = _Replacing()
+                self.layers.append(layer)
+            self.norm = nn.Parameter(torch.empty(1024))
+
+    def arenas(model: nn.Module) -> list[int]:
+        return [layer.scales.untyped_storage().data_ptr() for layer in model.layers]
+
+    with torch.device("meta"):
+        roomy, tight = _Layers(), _Layers()
+    materialize(roomy, torch.device("cpu"))
+    assert len(set(arenas(roomy))) == 5
+    monkeypatch.setattr(materialize_module, "region_budget", lambda: 2)
+    materialize(tight, torch.device("cpu"))
+    found = arenas(tight)
+    assert found[0] == found[1] == found[2] and found[3] == found[4] and found[0] != found[3]
+    assert tight.norm.untyped_storage().data_ptr() not in found

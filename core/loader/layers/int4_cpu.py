@@ -103,7 +103,7 @@ def pack_int4(codes: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, g
     reason = int4_unsupported_reason(n, k, group_size)
     if reason is not None:
         return Int4CpuWeight(codes.to(torch.uint8).contiguous(), scales_and_zeros, group_size, k, reason)
-    block_n = _torch_int4_block_n()
+    block_n = _torch_block_n()
     if block_n is not None:
         data = _int4pack_bytes(codes, block_n)
     else:
@@ -111,8 +111,9 @@ def pack_int4(codes: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, g
     return Int4CpuWeight(data, scales_and_zeros, group_size, k, None)
 
 
-_BLOCK_N_CANDIDATES = (64, 32)
-"""Row-block sizes of torch's CPU int4 layout: 64 where torch dispatches to AVX512, 32 on AVX2 (torch 2.13)."""
+_BLOCK_NS = (64, 32)
+"""The row blocks torch's int4 CPU layout uses: ``4 * Vectorized<float>::size()``, so 64 rows on an
+AVX-512 build and CPU, 32 on AVX2 (torch 2.13); which one is read off the op once per process."""
 HALF_SPLIT_GROUP = 32
 """Columns per group of :func:`pack_int4_half_split`'s byte order (GGML's Q4_0/Q4_1 blocks)."""
 
@@ -137,7 +138,7 @@ def pack_int4_half_split(qs: torch.Tensor, scales: torch.Tensor, biases: torch.T
     if half != HALF_SPLIT_GROUP // 2:
         raise ValueError(f"half-split codes {tuple(qs.shape)} do not hold groups of {HALF_SPLIT_GROUP} columns")
     k = groups * HALF_SPLIT_GROUP
-    block_n = _torch_int4_block_n()
+    block_n = _torch_block_n()
     if int4_unsupported_reason(n, k, HALF_SPLIT_GROUP) is not None or block_n is None:
         codes = torch.cat((qs & 0x0F, qs >> 4), dim=2).reshape(n, k)
         return pack_int4(codes, scales, biases, HALF_SPLIT_GROUP, dtype)
@@ -204,43 +205,42 @@ def _int4pack_bytes(codes: torch.Tensor, block_n: int) -> torch.Tensor:
     """torch's CPU int4 layout built with byte operations: the same bytes as
     ``_convert_weight_to_int4pack_for_cpu(codes.int(), 1)`` without its int32 copy of the codes.
 
-    The layout (torch 2.13; ``block_n`` found once per process by
-    :func:`_torch_int4_block_n`): output rows in blocks of ``B = block_n``,
-    each block stored as ``[K, B / 2]`` bytes whose byte ``(k, j)`` holds row
-    ``j`` in its low nibble and row ``j + B / 2`` in its high one; the last
-    ``N % B`` rows (a multiple of 16) as ``[K, T / 2]`` bytes pairing adjacent
-    rows. It reads
-    the codes input-major, so GPTQ's ``[K, N]`` codes (passed as ``.t()``)
-    are never transposed as int32.
+    The layout (torch 2.13; which ``block_n`` this process's torch uses is read
+    off the op once by :func:`_torch_block_n`): output rows in blocks of
+    ``block_n`` (64 with AVX-512, 32 with AVX2), each block stored as
+    ``[K, block_n / 2]`` bytes whose byte ``(k, j)`` holds row ``j`` in its low
+    nibble and row ``j + block_n / 2`` in its high one; the last ``N % block_n``
+    rows (a multiple of 16) as ``[K, T / 2]`` bytes pairing adjacent rows. It
+    reads the codes input-major, so GPTQ's ``[K, N]`` codes (passed as ``.t()``)
+    are never transposed as int32; besides the result it allocates one
+    half-size temporary (the op's int32 copy alone is eight times that).
     """
     n, k = (int(s) for s in codes.shape)
     by_input = codes.t().to(torch.uint8)  # [K, N]; a view when the codes were [K, N] uint8
     full = n // block_n * block_n
-    pieces = []
+    out = torch.empty(n * k // 2, dtype=torch.uint8, device=codes.device)
     if full:
         blocks = by_input[:, :full].reshape(k, full // block_n, 2, block_n // 2)
-        pieces.append((blocks[:, :, 0] | (blocks[:, :, 1] << 4)).permute(1, 0, 2).reshape(-1))
+        paired = blocks[:, :, 1] << 4
+        paired |= blocks[:, :, 0]
+        out[: full * k // 2].view(full // block_n, k, block_n // 2).copy_(paired.permute(1, 0, 2))
+        del paired
     if full < n:
         tail = by_input[:, full:]
-        pieces.append((tail[:, 0::2] | (tail[:, 1::2] << 4)).reshape(-1))
-    return torch.cat(pieces).reshape(n, k // 2) if len(pieces) > 1 else pieces[0].reshape(n, k // 2)
+        paired = tail[:, 1::2] << 4
+        paired |= tail[:, 0::2]
+        out[full * k // 2:].view(k, (n - full) // 2).copy_(paired)
+    return out.view(n, k // 2)
 
 
 @functools.cache
-def _torch_int4_block_n() -> int | None:
-    """The row-block size of this process's torch int4 CPU layout, ``None`` when it is none we can build.
-
-    torch picks the layout by the CPU it dispatches to (``torch.backends.cpu.get_cpu_capability()``): rows
-    in blocks of 64 on AVX512, of 32 on AVX2, something else on the portable build. Each candidate is
-    compared byte for byte with ``_convert_weight_to_int4pack_for_cpu`` on a probe whose row count leaves
-    a tail, so a torch that changes its layout packs through its own (slower) op instead of wrongly.
-    """
+def _torch_block_n() -> int | None:
+    """The row block of this torch's int4 CPU layout (:data:`_BLOCK_NS`), or ``None`` when neither matches the
+    op's bytes (a different torch then packs with its own op, at the cost of an int32 copy of the codes)."""
     generator = torch.Generator().manual_seed(0)
-    probe = torch.randint(0, 16, (max(_BLOCK_N_CANDIDATES) + 16, 64), dtype=torch.int32, generator=generator)
+    rows = max(_BLOCK_NS) + 16  # whole blocks and a tail for either size
+    probe = torch.randint(0, 16, (rows, 64), dtype=torch.int32, generator=generator)
     expected = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)
-    if expected.dtype != torch.uint8 or expected.shape != (probe.shape[0], probe.shape[1] // 2):
+    if expected.dtype != torch.uint8 or expected.shape != (rows, 32):
         return None
-    for block_n in _BLOCK_N_CANDIDATES:
-        if torch.equal(expected, _int4pack_bytes(probe, block_n)):
-            return block_n
-    return None
+    return next((b for b in _BLOCK_NS if torch.equal(expected, _int4pack_bytes(probe, b))), None)

@@ -10,7 +10,9 @@ split is one the format can express).
 
 After loading, the tensors are converted into a
 :class:`~loader_plugin_marlin.quantized_weight.QuantizedWeight`, checked, and
-handed to :func:`~loader_plugin_marlin.kernels.choose_kernel`; the
+handed to :func:`~loader_plugin_marlin.kernels.choose_kernel` (a wide layer
+bound for the int4 CPU kernel a slice of columns at a time,
+:mod:`~loader_plugin_marlin.column_chunks`, to keep the load's peak low); the
 checkpoint-layout parameters are then dropped and the kernel's tensors become
 the layer's buffers.
 """
@@ -26,6 +28,7 @@ import torch
 from loader.errors import CheckpointFormatError
 from loader.layers import LinearMethodBase, ParamLayout, WeightLoader, set_param_layout
 
+from .column_chunks import int4_by_columns
 from .config import PackedQuantConfig
 from .kernels import LayerKernel, choose_kernel, plan_kernel
 from .layer_geometry import LayerGeometry, layer_geometry
@@ -129,13 +132,21 @@ class PackedLinearMethod(LinearMethodBase):
         state = self.layer_state(layer, PackedLayerState)
         if state.kernel is not None:
             return
-        kernel = choose_kernel(self.quantized_weight(layer), self.config.kernel, state.params_dtype)
+        kernel = self._int4_by_columns(layer, state) or choose_kernel(
+            self.quantized_weight(layer), self.config.kernel, state.params_dtype)
         for name in state.names:
             delattr(layer, name)
         for name, tensor in _kernel_tensors(kernel):
             layer.register_buffer(f"{_BUFFER_PREFIX}{name}", tensor)
         state.kernel = kernel
         self.config.kernel_log[state.geometry.prefix] = kernel.choice
+
+    def _int4_by_columns(self, layer: nn.Module, state: PackedLayerState) -> LayerKernel | None:
+        """A wide layer's int4 kernel converted a slice of columns at a time (lower peak RSS), when it gets one."""
+        cfg = self.config
+        tensors = {name: cast(torch.Tensor, getattr(layer, name)).data for name in state.names}
+        return int4_by_columns(cfg.layout, state.geometry, tensors, bits=cfg.bits, requested=cfg.kernel,
+                               dtype=state.params_dtype)
 
     def layer_plan(self, layer: nn.Module) -> dict[str, Any] | None:
         """The kernel this layer will get on the load's device, from its shapes (``loader inspect --layers``)."""
