@@ -99,3 +99,14 @@ def test_a_forced_dequantize_load_plans_no_gguf_layers(mixed):
     plan = plan_layers(str(mixed), dtype="float32")
     assert plan["quantization"] is None
     assert {record["kernel"] for record in plan["layers"].values()} == {"dense"}
+
+
+def test_the_transformers_fallback_plans_under_the_names_its_load_records(tmp_path):
+    """The fallback nests loader's linears under ``hf_model.``; plan and load both key a layer by its prefix."""
+    config = tiny_config("llama", vocab_size=288, rope_scaling=None)
+    path = write_gguf(tmp_path / "fallback.gguf", build_model("llama", config), "llama", qtype=Q.Q4_1,
+                      tensor_types={"blk.0.attn_v.weight": Q.Q8_0})
+    plan = plan_layers(str(path), model_impl="transformers")["layers"]
+    _, report = loader.load_model_with_report(str(path), model_impl="transformers")
+    assert plan == report.quantization["layers"]
+    assert plan["model.layers.0.self_attn.v_proj"]["reason"] == "ggml type Q8_0 has no packed int4 kernel"
