@@ -110,3 +110,15 @@ def test_the_transformers_fallback_plans_under_the_names_its_load_records(tmp_pa
     _, report = loader.load_model_with_report(str(path), model_impl="transformers")
     assert plan == report.quantization["layers"]
     assert plan["model.layers.0.self_attn.v_proj"]["reason"] == "ggml type Q8_0 has no packed int4 kernel"
+
+
+def test_a_plan_maps_no_tensor_data(mixed, monkeypatch):
+    """Planned from the header alone: the file's data is never mapped (a load maps it on the first block read)."""
+    from loader_plugin_gguf.tensors import MappedFile
+
+    def refuse(self):
+        raise AssertionError(f"{self.path}: tensor data mapped while planning")
+
+    monkeypatch.setattr(MappedFile, "bytes", refuse)
+    plan = plan_layers(str(mixed))["layers"]
+    assert all(record is not None for record in plan.values())
