@@ -55,9 +55,10 @@ class LoadOptions:
     ``quantization`` a quantization plugin's method name or ``None`` to use what
     the checkpoint declares. ``extra`` carries, once the checkpoint is prepared,
     ``"dtype_auto"`` (whether the dtype came from ``"auto"``) and
-    ``"weight_format"`` (the chosen format's name), so a quantization plugin can
-    choose a method from them; and the user's ``"quantization_options"`` and
-    ``"format_options"``.
+    ``"weight_format"`` (the chosen format's name) and ``"weight_files"`` (its
+    files, local paths or URIs), so a quantization plugin can choose a method
+    from them (and plan layers from a format's own headers); and the user's
+    ``"quantization_options"`` and ``"format_options"``.
     """
 
     dtype: torch.dtype

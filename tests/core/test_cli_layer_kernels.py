@@ -38,6 +38,13 @@ def test_the_layer_table_shows_every_layer_and_the_records_own_keys(capsys):
     assert lines[-1].split() == ["lm_head", "decided", "at", "load"]
 
 
+def test_a_list_valued_key_prints_as_a_comma_separated_cell(capsys):
+    """GGUF's records list each part's block type: shown ``Q4_1, Q8_0``, not as a Python tuple."""
+    print_layer_table({"model.layers.0.mlp.gate_up_proj": {"kernel": "dequantized", "reason": "part 1: Q8_0",
+                                                            "types": ("Q4_1", "Q8_0")}})
+    assert capsys.readouterr().out.splitlines()[-1].endswith("part 1: Q8_0  Q4_1, Q8_0")
+
+
 @NEEDS_LLAMA
 def test_inspect_layers_plans_a_dense_model(tmp_path: Path):
     from tests.helpers.hf_checkpoints import save_checkpoint

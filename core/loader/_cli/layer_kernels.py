@@ -37,11 +37,16 @@ def kernel_summary_lines(layers: LayerRecords) -> list[str]:
     return lines
 
 
+def _cell(value: Any) -> Any:
+    """A list (GGUF's per-part block ``types``) as ``Q4_1, Q8_0``; anything else as it is."""
+    return ", ".join(str(v) for v in value) if isinstance(value, list | tuple) else value
+
+
 def print_layer_table(layers: LayerRecords) -> None:
     """One row per layer: prefix, kernel, reason and any further keys the records have."""
     extra: list[str] = []
     for record in layers.values():
         extra += [key for key in (record or {}) if key not in ("kernel", "reason") and key not in extra]
     rows = [[prefix, _kernel(record), (record or {}).get("reason") or "",
-             *[(record or {}).get(key, "") for key in extra]] for prefix, record in layers.items()]
+             *[_cell((record or {}).get(key, "")) for key in extra]] for prefix, record in layers.items()]
     print_table(["layer", "kernel", "reason", *extra], rows)

@@ -267,14 +267,15 @@ def resolve_options(prepared: PreparedCheckpoint, options: LoadOptions, dtype_ar
     """``options`` with the dtype resolved against the checkpoint, and what quantization detection needs to know.
 
     No dtype asked for means the format's default (``"bfloat16"``; GGUF says ``"auto"``, see
-    :class:`~loader.checkpoint.WeightFormat`). ``extra`` gains ``dtype_auto`` and ``weight_format``, which a
-    plugin's ``loader_detect_quantization`` reads (GGUF keeps blocks packed for ``auto``). A load and
-    ``loader inspect --layers`` both resolve through here, so a plan shows what the load will do.
+    :class:`~loader.checkpoint.WeightFormat`). ``extra`` gains ``dtype_auto``, ``weight_format`` and
+    ``weight_files``, which a plugin's ``loader_detect_quantization`` reads (GGUF keeps blocks packed for
+    ``auto``, and plans each layer's kernel from the files' headers). A load and ``loader inspect --layers``
+    both resolve through here, so a plan shows what the load will do.
     """
     requested = prepared.weight_format.default_dtype if dtype_arg is None else dtype_arg
     dtype = _resolve_dtype(requested, prepared.hf_config)
     extra = {**options.extra, "dtype_auto": isinstance(requested, str) and requested == "auto",
-             "weight_format": prepared.weight_format.name}
+             "weight_format": prepared.weight_format.name, "weight_files": prepared.weight_format.files}
     return attrs.evolve(options, dtype=dtype, extra=extra)
 
 

@@ -39,9 +39,16 @@ def plan_layers(
         options = resolve_options(prepared, options, dtype)
         with load_session(attrs.evolve(current_session(), dtype=options.dtype)):
             _, model, quant_config = _build(prepared, options, options.dtype, session.host)
-            layers = {name: _plan(module, name, quant_config) for name, module in model.named_modules()
-                      if _method(module) is not None}
+            layers = {_key(module, name): _plan(module, name, quant_config)
+                      for name, module in model.named_modules() if _method(module) is not None}
     return {"quantization": quant_config.describe() if quant_config is not None else None, "layers": layers}
+
+
+def _key(module: Any, name: str) -> str:
+    """The layer's own prefix, which the methods' load records use (the transformers fallback nests loader's
+    layers under ``hf_model.``, so a module's path is not its prefix there); its path when it has none."""
+    prefix = getattr(module, "prefix", None)
+    return prefix if isinstance(prefix, str) and prefix else name
 
 
 def _method(module: Any) -> Any:

@@ -307,7 +307,8 @@ def test_the_default_packed_load_through_the_transformers_fallback_equals_the_na
 
 def test_a_layer_plan_of_a_gguf_file_is_the_default_load_s_method_not_dense(tmp_path):
     """``loader inspect --layers`` resolves the dtype and options as a load does: a default GGUF plan is the packed
-    method's (decided at load, from the blocks' types), never the dense kernel the load would not use."""
+    method's (planned from the header's block types, see ``test_layer_plan.py``), never the dense kernel the load
+    would not use."""
     from loader._pipeline.plan import plan_layers
     from tests.helpers.gguf_files import write_gguf
     from tests.helpers.hf_checkpoints import build_model, tiny_config
@@ -317,7 +318,7 @@ def test_a_layer_plan_of_a_gguf_file_is_the_default_load_s_method_not_dense(tmp_
     plan = plan_layers(str(path))
     assert plan["quantization"] is not None and plan["quantization"]["method"] == "gguf"
     linears = {name: record for name, record in plan["layers"].items() if "layers." in name}
-    assert linears and all(record is None for record in linears.values()), linears
+    assert linears and all(record["kernel"] == "int4" for record in linears.values()), linears
     dense = plan_layers(str(path), dtype="float32")
     assert dense["quantization"] is None
     assert {record["kernel"] for name, record in dense["layers"].items() if "layers." in name} == {"dense"}

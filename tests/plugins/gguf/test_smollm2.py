@@ -135,3 +135,22 @@ def test_the_default_load_keeps_weights_packed_and_agrees_with_float32_on_chat_p
             got, expected = packed(ids), reference(ids)
         assert (got.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.98, prompt
         assert relative_error(got, expected) <= 3e-2, prompt
+
+
+def test_inspect_layers_plans_every_layer_from_the_header_as_the_default_load_records_it(smollm2):
+    """Issue 17: ``loader inspect --layers`` shows each layer's kernel and packed bytes; none is left undecided."""
+    import json
+
+    import loader
+    from tests.core.test_cli import run_cli
+
+    planned = run_cli("inspect", str(smollm2), "--layers", "--json")
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)["layers"]
+    _, report = loader.load_model_with_report(str(smollm2))
+    assert plan == json.loads(json.dumps(report.quantization["layers"]))
+    assert len(plan) == 121 and all(record is not None for record in plan.values())
+    assert plan["model.embed_tokens"]["packed_bytes"] == HEAD_BYTES
+    text = run_cli("inspect", str(smollm2), "--layers")
+    assert "kernels on cpu (planned from shapes; no weights read): int4 120, int8 1" in text.stdout
+    assert "decided at load" not in text.stdout

@@ -84,6 +84,22 @@ class GGUFEmbeddingState:
     choice: LayerChoice | None = None
 
 
+def _kept_bytes(state: GGUFEmbeddingState, kernel: str, window: GGUFTensor) -> int:
+    """The bytes ``kernel`` keeps for this rank's padded table: what the load's buffers will hold."""
+    from .layer_plan import int4_packed_bytes
+
+    groups = state.cols // GROUP_SIZE
+    if kernel == "int8":  # int8 codes, float32 block scales, and the tied head's copy in the kernel dtype
+        copied = state.tied and state.kernel_dtype != torch.float32
+        head = groups * state.rows * state.kernel_dtype.itemsize if copied else 0
+        return state.rows * state.cols + groups * state.rows * 4 + head
+    if kernel.startswith("blocks"):
+        block, size = block_shape(window.info.ggml_type)
+        head = int4_packed_bytes(state.rows, state.cols, state.kernel_dtype) if kernel == "blocks+int4" else 0
+        return state.rows * (state.cols // block * size) + head
+    return 0
+
+
 REFINED_LOGITS = 64
 """Top logits per position a Q8_0 head recomputes exactly when its kernel is narrower than the activations."""
 
@@ -143,28 +159,60 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         window = state.part.narrowed
         assert isinstance(window, GGUFTensor)
         device = _buffer(layer, "weight").device
-        state.ggml_type = window.info.ggml_type
-        state.kernel_dtype = self.config.kernel_dtype or kernel_dtype_for(state.params_dtype)
+        kernel, reason = self._decide(state, window, device)
         types = (window.stored_type,)
-        reason = self._fallback_reason(state, window, device)
         real = window.shape[0]
         delattr(layer, "weight")
-        if reason is not None:
+        if kernel == "dequantized":
             dense = torch.zeros(state.rows, state.cols, dtype=state.params_dtype, device=device)
             dense[:real].copy_(window.read(state.params_dtype))
             layer.register_parameter("weight", torch.nn.Parameter(dense, requires_grad=False))
-            state.choice = LayerChoice("dequantized", types, 0, reason)
-        elif state.ggml_type == Q.Q8_0:
-            state.choice = LayerChoice("int8", types, self._keep_q8_0(layer, state, window))
+            state.choice = LayerChoice(kernel, types, 0, reason)
+        elif kernel == "int8":
+            state.choice = LayerChoice(kernel, types, self._keep_q8_0(layer, state, window))
         else:
             size = self._keep_blocks(layer, state, window)
-            kernel = "blocks"
-            if state.tied:
+            if kernel == "blocks+int4":
                 size += self._pack_head(layer, state, window)
-                kernel = "blocks+int4"
             state.choice = LayerChoice(kernel, types, size)
         state.part = None
         self.config.layer_log[state.prefix] = state.choice
+
+    def _decide(self, state: GGUFEmbeddingState, window: GGUFTensor,
+                device: torch.device) -> tuple[str, str | None]:
+        """The kernel (``dequantized``, ``int8``, ``blocks`` or ``blocks+int4``) and why it fell back.
+
+        From the block type, the tied head and the device alone: the load and
+        :meth:`layer_plan` both decide here. Sets the state's type and kernel dtype.
+        """
+        state.ggml_type = window.info.ggml_type
+        state.kernel_dtype = self.config.kernel_dtype or kernel_dtype_for(state.params_dtype)
+        reason = self._fallback_reason(state, window, device)
+        if reason is not None:
+            return "dequantized", reason
+        if state.ggml_type == Q.Q8_0:
+            return "int8", None
+        return ("blocks+int4" if state.tied else "blocks"), None
+
+    def layer_plan(self, layer: nn.Module) -> dict[str, Any] | None:
+        """What :meth:`process_weights_after_loading` will record, from the GGUF header alone (nothing read)."""
+        from loader.models import current_session
+
+        from .layer_plan import fill_from_header
+
+        state = self.layer_state(layer, GGUFEmbeddingState)
+        if state.choice is not None:
+            return attrs.asdict(state.choice)
+        try:
+            if not fill_from_header(self.config, layer) or state.part is None:
+                return None
+            window = state.part.narrowed
+            assert isinstance(window, GGUFTensor)
+            kernel, reason = self._decide(state, window, current_session().device)
+            size = _kept_bytes(state, kernel, window)
+            return attrs.asdict(LayerChoice(kernel, (window.stored_type,), size, reason))
+        finally:
+            state.part = None
 
     @staticmethod
     def _keep_q8_0(layer: nn.Module, state: GGUFEmbeddingState, window: GGUFTensor) -> int:

@@ -20,7 +20,9 @@ Q8_0, F16, ...: torch's int8 weight-only kernel ``_weight_int8pack_mm`` takes
 one scale per output row, which cannot express their per-16/32-value scales
 exactly), a TP split cuts a block, the kernel refuses the shape, or the target
 device is not the CPU — one layer at a time, so a Q4_K_M-style file mixing
-types keeps what it can packed.
+types keeps what it can packed. Every reason is decided from block types and
+shapes before a block is read, so ``loader inspect --layers`` plans each layer
+from the header alone (:meth:`GGUFLinearMethod.layer_plan`, :mod:`.layer_plan`).
 
 The kernel computes in bfloat16 (float16 when the load dtype is float16): in
 float32 it is ten to a hundred times slower (``format_options={"kernel_dtype":
@@ -146,6 +148,24 @@ class GGUFQuantConfig(QuantizationConfig):
     kernel_dtype: torch.dtype | None = None
     """The dtype the int4 kernel computes in; ``None``: :func:`kernel_dtype_for` the layer's dtype."""
     layer_log: dict[str, LayerChoice] = attrs.field(factory=dict, eq=False)
+    files: tuple[str, ...] = attrs.field(default=(), eq=False)
+    """The load's GGUF files, whose headers ``layer_plan`` plans from (empty: layers are decided at load)."""
+    _header_tensors: dict[str, CheckpointTensor] | None = attrs.field(default=None, init=False, eq=False,
+                                                                      repr=False)
+
+    def header_tensors(self) -> dict[str, CheckpointTensor]:
+        """Every tensor of :attr:`files` under the name a load gives it, read from the headers only (cached).
+
+        The load's own stream (:func:`~loader_plugin_gguf.weight_stream.iter_gguf_weights`) names them,
+        so a plan maps GGUF tensors to layers exactly as a load does, q/k rotary reordering included.
+        """
+        if self._header_tensors is None:
+            from loader.weights import ReadStats
+
+            from .weight_stream import iter_gguf_weights
+
+            self._header_tensors = dict(iter_gguf_weights(self.files, ReadStats())) if self.files else {}
+        return self._header_tensors
 
     def describe(self) -> dict[str, Any]:
         counts: dict[str, int] = {}
@@ -225,16 +245,18 @@ class GGUFLinearMethod(LinearMethodBase):
             )
         self.layer_state(layer, GGUFLayerState).parts.append(part)
 
-    def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """Pack the layer's parts into torch's int4 layout, or dequantize them (reason recorded)."""
-        state = self.layer_state(layer, GGUFLayerState)
-        if state.choice is not None:
-            return
+    @staticmethod
+    def _decide(state: GGUFLayerState, device: torch.device) -> tuple[list[NarrowedPart], tuple[str, ...], str | None]:
+        """The layer's parts in row order, their block types and why it cannot stay packed (``None``: it can).
+
+        Decided from the parts' block types, windows and the layer's shape
+        alone, before a block is read: the load and :meth:`layer_plan` both
+        ask here, so a plan is what the load records.
+        """
         parts = sorted(state.parts, key=lambda p: p.offset)
         if sum(p.size for p in parts) != state.rows:
             raise CheckpointFormatError(f"{state.prefix}: its parts fill {sum(p.size for p in parts)} of "
                                         f"{state.rows} rows")
-        device = cast(torch.Tensor, layer.weight).device
         types = tuple(p.narrowed.stored_type for p in parts)
         reason = None if device.type == "cpu" else f"the packed int4 kernel runs on the CPU, not {device}"
         for part in parts if reason is None else ():
@@ -242,11 +264,22 @@ class GGUFLinearMethod(LinearMethodBase):
             if found is not None:
                 reason = found if part.shard_id is None else f"part {part.shard_id!r}: {found}"
                 break
+        return parts, types, reason or int4_unsupported_reason(state.rows, state.cols, GROUP_SIZE)
+
+    def _kernel_dtype(self, state: GGUFLayerState) -> torch.dtype:
+        return self.config.kernel_dtype or kernel_dtype_for(state.params_dtype)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Pack the layer's parts into torch's int4 layout, or dequantize them (reason recorded)."""
+        state = self.layer_state(layer, GGUFLayerState)
+        if state.choice is not None:
+            return
+        device = cast(torch.Tensor, layer.weight).device
         # every reason is known before a block is read, so a layer that falls back reads its parts once
-        reason = reason or int4_unsupported_reason(state.rows, state.cols, GROUP_SIZE)
+        parts, types, reason = self._decide(state, device)
         delattr(layer, "weight")
         if reason is None:
-            dtype = self.config.kernel_dtype or kernel_dtype_for(state.params_dtype)
+            dtype = self._kernel_dtype(state)
             packed = self._pack([part.narrowed for part in parts], dtype)
             layer.register_buffer("packed_weight", packed.data)
             layer.register_buffer("packed_scales_and_zeros", packed.scales_and_zeros)
@@ -260,6 +293,33 @@ class GGUFLinearMethod(LinearMethodBase):
             state.choice = LayerChoice("dequantized", types, 0, reason)
         state.parts.clear()
         self.config.layer_log[state.prefix] = state.choice
+
+    def layer_plan(self, layer: nn.Module) -> dict[str, Any] | None:
+        """What :meth:`process_weights_after_loading` will record for this layer, from the GGUF header alone.
+
+        The layer's own loader is handed the checkpoint tensors a load hands it
+        (:func:`~loader_plugin_gguf.layer_plan.fill_from_header`: narrowed to
+        this rank, nothing read), and :meth:`_decide` answers as at load;
+        ``None`` when the header has no tensor for one of the layer's parts
+        (the load then says which is missing).
+        """
+        from loader.models import current_session
+
+        from .layer_plan import fill_from_header, int4_packed_bytes
+
+        state = self.layer_state(layer, GGUFLayerState)
+        if state.choice is not None:
+            return attrs.asdict(state.choice)
+        try:
+            if not fill_from_header(self.config, layer):
+                return None
+            _, types, reason = self._decide(state, current_session().device)
+        finally:
+            state.parts.clear()
+        if reason is None:
+            size = int4_packed_bytes(state.rows, state.cols, self._kernel_dtype(state))
+            return attrs.asdict(LayerChoice("int4", types, size))
+        return attrs.asdict(LayerChoice("dequantized", types, 0, reason))
 
     @staticmethod
     def _pack(parts: list[CheckpointTensor], dtype: torch.dtype) -> Int4CpuWeight:

@@ -69,13 +69,16 @@ def loader_detect_quantization(hf_config: Mapping[str, Any], requested: str | No
     ``quantization="gguf"`` always does; with no quantization named, a GGUF load does when its dtype is
     ``auto`` (the default) or a dtype the kernel computes in, unless ``format_options`` has
     ``dequantize`` (see :func:`~.packed_linear.packing_requested`); ``format_options`` ``kernel_dtype``
-    chooses the dtype the kernel computes in.
+    chooses the dtype the kernel computes in. The load's GGUF files (``weight_files``) go with it, so
+    ``loader inspect --layers`` plans every layer from their headers.
     """
     if requested not in ("gguf", None) or (requested is None and options.extra.get("weight_format") != FORMAT_NAME):
         return None
     from .packed_linear import GGUFQuantConfig, kernel_dtype_for, kernel_dtype_requested, packing_requested
 
     kernel_dtype = kernel_dtype_requested(options) or kernel_dtype_for(options.dtype)
+    # the files' headers let each layer plan its kernel before loading (``loader inspect --layers``)
+    files = tuple(options.extra.get("weight_files", ())) if options.extra.get("weight_format") == FORMAT_NAME else ()
     if requested == "gguf" or packing_requested(options):
-        return GGUFQuantConfig(kernel_dtype=kernel_dtype)
+        return GGUFQuantConfig(kernel_dtype=kernel_dtype, files=files)
     return None

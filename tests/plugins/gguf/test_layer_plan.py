@@ -1,0 +1,124 @@
+"""``loader inspect --layers`` plans every GGUF layer from the header: the load's own records, before loading.
+
+Each file mixes block types so that every way a layer is decided shows up:
+packed (Q4_0, Q4_1, Q4_K, mixed within one fused layer), a type with no packed
+kernel (Q6_K, Q8_0 as one part of a fused layer, F16), output features that are
+not a multiple of 16, a TP split cutting a 32-value group, and the embedding
+(int8 codes for Q8_0, blocks plus the tied head's int4 for Q4_1).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import loader
+from loader._pipeline.plan import plan_layers
+from loader.testing import simulated_tp
+from tests.core.test_cli import run_cli
+from tests.helpers.gguf_files import Q, write_gguf
+from tests.helpers.hf_checkpoints import build_model, tiny_config
+
+MIXED_TYPES = {
+    "blk.0.attn_q.weight": Q.Q4_K,
+    "blk.0.attn_k.weight": Q.Q4_0,
+    "blk.0.attn_output.weight": Q.Q6_K,
+    "blk.1.attn_v.weight": Q.Q8_0,
+    "blk.1.ffn_gate.weight": Q.Q4_K,
+    "blk.0.ffn_down.weight": Q.F16,  # 36 input features: no 32-value block type fits the rows
+    "blk.1.ffn_down.weight": Q.F16,
+    "token_embd.weight": Q.Q8_0,
+}
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    """hidden 256 (a Q4_K super-block per row), intermediate 36 (gate/up: 72 output features), Q4_1 elsewhere."""
+    config = tiny_config("llama", vocab_size=288, rope_scaling=None, hidden_size=256, intermediate_size=36)
+    folder = tmp_path_factory.mktemp("plan")
+    return write_gguf(folder / "mixed.gguf", build_model("llama", config), "llama", qtype=Q.Q4_1,
+                      tensor_types=MIXED_TYPES)
+
+
+def test_inspect_plans_each_layer_exactly_as_the_load_records_it(mixed):
+    planned = run_cli("inspect", str(mixed), "--layers", "--json")
+    assert planned.returncode == 0, planned.stderr
+    loaded = run_cli("load", str(mixed), "--json")
+    assert loaded.returncode == 0, loaded.stderr
+    plan = json.loads(planned.stdout)["layers"]
+    records = json.loads(loaded.stdout)["quantization"]["layers"]
+    assert plan == records
+    assert plan["model.layers.0.self_attn.qkv_proj"] == {
+        "kernel": "int4", "types": ["Q4_K", "Q4_0", "Q4_1"], "packed_bytes": 512 * 256 // 2 + 8 * 512 * 2 * 2,
+        "reason": None}
+    assert plan["model.layers.0.self_attn.o_proj"]["reason"] == "ggml type Q6_K has no packed int4 kernel"
+    assert plan["model.layers.1.self_attn.qkv_proj"]["reason"] == "part 'v': ggml type Q8_0 has no packed int4 kernel"
+    assert plan["model.layers.0.mlp.down_proj"]["reason"] == "ggml type F16 has no packed int4 kernel"
+    assert plan["model.layers.1.mlp.gate_up_proj"] == {
+        "kernel": "dequantized", "types": ["Q4_K", "Q4_1"], "packed_bytes": 0,
+        "reason": "output features 72 are not a multiple of 16"}
+    assert plan["model.layers.1.self_attn.o_proj"]["kernel"] == "int4"
+    assert plan["model.embed_tokens"]["kernel"] == "int8"
+
+
+def test_the_text_table_lists_each_layer_s_block_types(mixed):
+    text = run_cli("inspect", str(mixed), "--layers")
+    assert text.returncode == 0, text.stderr
+    assert "kernels on cpu (planned from shapes; no weights read): dequantized 6, int4 2, int8 1" in text.stdout
+    assert "  dequantized (1 layer): part 'v': ggml type Q8_0 has no packed int4 kernel" in text.stdout
+    row = next(line for line in text.stdout.splitlines() if line.startswith("model.layers.0.self_attn.qkv_proj"))
+    assert row.split()[1:] == ["int4", "Q4_K,", "Q4_0,", "Q4_1", str(512 * 256 // 2 + 8 * 512 * 2 * 2)]
+    assert "decided at load" not in text.stdout
+
+
+def test_a_tied_q4_embedding_plans_blocks_and_the_head_s_int4(tmp_path):
+    path = write_gguf(tmp_path / "tied.gguf", build_model("qwen2", tiny_config("qwen2", vocab_size=288)), "qwen2",
+                      qtype=Q.Q4_1)
+    plan = plan_layers(str(path))["layers"]
+    _, report = loader.load_model_with_report(str(path))
+    assert plan == report.quantization["layers"]
+    assert plan["model.embed_tokens"]["kernel"] == "blocks+int4"
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_each_tp_rank_plans_its_own_share(tmp_path, rank):
+    """tp=2: down_proj's 96 input features give each rank 48, which cuts a Q4_0 group; gate/up stay packed."""
+    config = tiny_config("llama", vocab_size=288, rope_scaling=None, intermediate_size=96)
+    path = write_gguf(tmp_path / "tp.gguf", build_model("llama", config), "llama", qtype=Q.Q4_0)
+    with simulated_tp(rank, 2):
+        plan = plan_layers(str(path))["layers"]
+        _, report = loader.load_model_with_report(str(path))
+    assert plan == report.quantization["layers"]
+    assert plan["model.layers.0.mlp.down_proj"]["reason"] == "the tensor parallel split cuts a 32-value group"
+    assert plan["model.layers.0.mlp.gate_up_proj"]["packed_bytes"] == 96 * 64 // 2 + 2 * 96 * 2 * 2
+
+
+def test_a_forced_dequantize_load_plans_no_gguf_layers(mixed):
+    """float32 asked for by name dequantizes at load, so the plan shows dense layers (the load records none)."""
+    plan = plan_layers(str(mixed), dtype="float32")
+    assert plan["quantization"] is None
+    assert {record["kernel"] for record in plan["layers"].values()} == {"dense"}
+
+
+def test_the_transformers_fallback_plans_under_the_names_its_load_records(tmp_path):
+    """The fallback nests loader's linears under ``hf_model.``; plan and load both key a layer by its prefix."""
+    config = tiny_config("llama", vocab_size=288, rope_scaling=None)
+    path = write_gguf(tmp_path / "fallback.gguf", build_model("llama", config), "llama", qtype=Q.Q4_1,
+                      tensor_types={"blk.0.attn_v.weight": Q.Q8_0})
+    plan = plan_layers(str(path), model_impl="transformers")["layers"]
+    _, report = loader.load_model_with_report(str(path), model_impl="transformers")
+    assert plan == report.quantization["layers"]
+    assert plan["model.layers.0.self_attn.v_proj"]["reason"] == "ggml type Q8_0 has no packed int4 kernel"
+
+
+def test_a_plan_maps_no_tensor_data(mixed, monkeypatch):
+    """Planned from the header alone: the file's data is never mapped (a load maps it on the first block read)."""
+    from loader_plugin_gguf.tensors import MappedFile
+
+    def refuse(self):
+        raise AssertionError(f"{self.path}: tensor data mapped while planning")
+
+    monkeypatch.setattr(MappedFile, "bytes", refuse)
+    plan = plan_layers(str(mixed))["layers"]
+    assert all(record is not None for record in plan.values())
