@@ -54,7 +54,7 @@ def save_autoawq_checkpoint(family: str, path: Path, *, group_size: int = 64, se
     from huggingface_hub import save_torch_state_dict
 
     model = build_model(family, tiny_config(family, **overrides), seed=seed).half()
-    for name, module in list(model.named_modules()):
+    for module in list(model.modules()):
         for leaf, child in list(module.named_children()):
             if leaf in LINEARS and isinstance(child, torch.nn.Linear):
                 setattr(module, leaf, awq_linear(child, group_size))

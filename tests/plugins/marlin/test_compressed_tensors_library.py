@@ -20,7 +20,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("compressed_tensors", reason="compressed-tensors is not installed: tox -e marlin-compressed-tensors")
+pytest.importorskip("compressed_tensors",
+                    reason="compressed-tensors is not installed: tox -e marlin-compressed-tensors")
 
 import loader
 from tests.helpers.compressed_tensors_checkpoints import ct_tensors
