@@ -15,8 +15,6 @@ Skipped where AutoAWQ is not installed (``pip install -c constraints.txt autoawq
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
@@ -36,8 +34,6 @@ from tests.helpers.gptq_checkpoints import make_g_idx, quantize_with
 from tests.helpers.hf_checkpoints import reference_logits, relative_error
 from tests.helpers.model_checks import random_ids
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # AutoAWQ's farewell notice on import
-
 
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 @pytest.mark.parametrize("seed", [0, 1])
@@ -46,9 +42,7 @@ def test_the_packer_writes_autoawq_s_bytes(group_size, seed):
     weight = (torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05).to(torch.float16)
     linear = torch.nn.Linear(k, n, bias=False)
     linear.weight.data = weight.clone()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        theirs = awq_linear(linear, group_size)
+    theirs = awq_linear(linear, group_size)
     fake, scales, zeros = awq_quantize(weight, group_size)
     q = quantize_with(fake.float(), scales, zeros.to(torch.int32), make_g_idx(k, group_size, False), 4)
     mine = awq_tensors(q)
