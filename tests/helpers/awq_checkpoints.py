@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from tests.helpers.gptq_checkpoints import dequantize, pack_words, quantize, save_packed_checkpoint
+from tests.helpers.gptq_checkpoints import Quantized, dequantize, pack_words, quantize, save_packed_checkpoint
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
@@ -31,12 +31,16 @@ def _interleaved(values: torch.Tensor) -> torch.Tensor:
 def pack_awq(weight: torch.Tensor, group_size: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """AWQ's three tensors for ``weight [N, K]`` and the weight they stand for."""
     q = quantize(weight, 4, group_size, sym=False)
-    tensors = {
+    return awq_tensors(q), dequantize(q)
+
+
+def awq_tensors(q: Quantized) -> dict[str, torch.Tensor]:
+    """AWQ's three tensors of one 4-bit quantized weight (the packing step alone, for any scales and zeros)."""
+    return {
         "qweight": pack_words(_interleaved(q.codes), 4),
         "qzeros": pack_words(_interleaved(q.zeros), 4),
-        "scales": q.scales.clone(),
+        "scales": q.scales.to(torch.float16).clone(),
     }
-    return tensors, dequantize(q)
 
 
 def awq_quantization_config(group_size: int) -> dict[str, Any]:

@@ -20,7 +20,14 @@ from typing import Any
 
 import torch
 
-from tests.helpers.gptq_checkpoints import dequantize, input_seed, pack_words, quantize, save_packed_checkpoint
+from tests.helpers.gptq_checkpoints import (
+    Quantized,
+    dequantize,
+    input_seed,
+    pack_words,
+    quantize,
+    save_packed_checkpoint,
+)
 
 
 def pack_compressed_tensors(weight: torch.Tensor, bits: int, group_size: int, *, sym: bool, actorder: bool,
@@ -28,16 +35,22 @@ def pack_compressed_tensors(weight: torch.Tensor, bits: int, group_size: int, *,
                             scale_dtype: torch.dtype = torch.float32) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """The ``weight_*`` tensors of ``weight [N, K]`` and the weight they stand for."""
     q = quantize(weight, bits, group_size, sym=sym, act_order=actorder, seed=seed)
+    return ct_tensors(q, sym=sym, actorder=actorder, scale_dtype=scale_dtype), dequantize(q)
+
+
+def ct_tensors(q: Quantized, *, sym: bool, actorder: bool = False,
+               scale_dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """The ``weight_*`` tensors of one quantized weight (the packing step alone, for any scales and zeros)."""
     tensors = {
-        "weight_packed": pack_words(q.codes.t(), bits),
+        "weight_packed": pack_words(q.codes.t(), q.bits),
         "weight_scale": q.scales.t().to(scale_dtype).contiguous(),
-        "weight_shape": torch.tensor(list(weight.shape), dtype=torch.int64),
+        "weight_shape": torch.tensor([q.codes.shape[1], q.codes.shape[0]], dtype=torch.int64),
     }
     if not sym:
-        tensors["weight_zero_point"] = pack_words(q.zeros, bits).t().contiguous()
+        tensors["weight_zero_point"] = pack_words(q.zeros, q.bits).t().contiguous()
     if actorder:
         tensors["weight_g_idx"] = q.g_idx.clone()
-    return tensors, dequantize(q)
+    return tensors
 
 
 def ct_quantization_config(bits: int, group_size: int, *, sym: bool, actorder: bool,

@@ -72,7 +72,6 @@ def quantize(weight: torch.Tensor, bits: int, group_size: int, *, sym: bool, act
     w = weight.t().to(torch.float32)  # [K, N]
     scales = torch.empty(groups, n, dtype=torch.float16)
     zeros = torch.empty(groups, n, dtype=torch.int32)
-    codes = torch.empty(k, n, dtype=torch.int32)
     for g in range(groups):
         rows = (g_idx == g).nonzero().flatten()
         block = w[rows]
@@ -85,8 +84,18 @@ def quantize(weight: torch.Tensor, bits: int, group_size: int, *, sym: bool, act
         zero = torch.full((n,), (maxq + 1) // 2) if sym else torch.round(-lo / scale.float()).clamp(0, maxq)
         scales[g] = scale
         zeros[g] = zero.to(torch.int32)
-        codes[rows] = torch.clamp(torch.round(block / scale.float()) + zero, 0, maxq).to(torch.int32)
-    return Quantized(codes, scales, zeros, g_idx, bits)
+    return quantize_with(weight, scales, zeros, g_idx, bits)
+
+
+def quantize_with(weight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, g_idx: torch.Tensor,
+                  bits: int) -> Quantized:
+    """The codes of ``weight [N, K]`` under given ``scales``/``zeros [G, N]`` and ``g_idx``:
+    ``clamp(round(w / scale) + zero, 0, 2**bits - 1)`` (so a library's own scales can be packed here)."""
+    maxq = (1 << bits) - 1
+    g = g_idx.long()
+    w = weight.t().to(torch.float32)
+    codes = torch.clamp(torch.round(w / scales[g].float()) + zeros[g], 0, maxq).to(torch.int32)
+    return Quantized(codes, scales, zeros.to(torch.int32), g_idx, bits)
 
 
 def dequantize(q: Quantized) -> torch.Tensor:

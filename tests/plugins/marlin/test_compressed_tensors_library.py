@@ -1,0 +1,100 @@
+"""compressed-tensors (the library llm-compressor saves through) against the packer and the loader.
+
+Skipped where compressed-tensors is not installed (``pip install -c constraints.txt compressed-tensors``;
+tox env ``marlin-compressed-tensors``). Two checks:
+
+* the packer's ``pack-quantized`` bytes equal the library's ``PackedQuantizationCompressor.compress`` for
+  the same float weight and the library's own scales and zero points (``calculate_qparams``), W4A16 and
+  W8A16, symmetric and asymmetric, groups of 32 and 128 and per channel. From the float weight alone the
+  two do not agree bit for bit: the packer rounds scales to float16 (GPTQ's convention), the library keeps
+  the model's dtype, so codes at a rounding boundary differ; the scales are compared to float16 precision;
+* checkpoints the library compressed and saved load, and their logits match a model built from the
+  library's own ``decompress`` within 1e-3 relative (float32).
+
+compressed-tensors 0.20.1 has no act-order ``g_idx`` any more (``actorder: "group"`` was removed), so
+the ``weight_g_idx`` path is covered by the packer's own checkpoints only.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("compressed_tensors",
+                    reason="compressed-tensors is not installed: tox -e marlin-compressed-tensors")
+
+import loader
+from tests.helpers.compressed_tensors_checkpoints import ct_tensors
+from tests.helpers.ct_library_checkpoints import (
+    ct_library_dequantized_weights,
+    quantization_args,
+    reference_from_ct_library,
+    save_ct_library_checkpoint,
+)
+from tests.helpers.gptq_checkpoints import make_g_idx, quantize, quantize_with
+from tests.helpers.hf_checkpoints import reference_logits, relative_error
+from tests.helpers.model_checks import random_ids
+
+GRID = [(bits, group_size, sym) for bits in (4, 8) for group_size in (32, 128, -1) for sym in (True, False)]
+
+
+def _library_qparams(weight, args):
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    size = weight.shape[1] if args.group_size is None else args.group_size
+    groups = weight.reshape(weight.shape[0], -1, size)
+    return calculate_qparams(groups.amin(-1), groups.amax(-1), args)
+
+
+@pytest.mark.parametrize(("bits", "group_size", "sym"), GRID)
+def test_the_packer_writes_the_library_s_bytes(bits, group_size, sym):
+    from compressed_tensors.compressors import PackedQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationScheme
+
+    n, k = 96, 256
+    weight = torch.randn(n, k, generator=torch.Generator().manual_seed(bits * 1000 + group_size)) * 0.05
+    args = quantization_args(bits, group_size, sym=sym)
+    scale, zero = _library_qparams(weight, args)
+    theirs = PackedQuantizationCompressor.compress(
+        {"weight": weight, "weight_scale": scale, "weight_zero_point": zero},
+        QuantizationScheme(targets=["Linear"], weights=args))
+
+    # the library's zero point is signed (``code - 2**(bits-1)``); the packer's is the unsigned code
+    q = quantize_with(weight, scale.t(), zero.to(torch.int32).t() + (1 << (bits - 1)), make_g_idx(k, group_size, False),
+                      bits)
+    mine = ct_tensors(q, sym=sym, scale_dtype=scale.dtype)
+    assert sorted(mine) == sorted(theirs), (sorted(mine), sorted(theirs))
+    for name, tensor in theirs.items():
+        assert mine[name].dtype == tensor.dtype, name
+        assert torch.equal(mine[name], tensor), f"{name} differs in {int((mine[name] != tensor).sum())} places"
+
+    # from the float weight alone: same scale formula, the packer's rounded to float16
+    own = quantize(weight, bits, group_size, sym=sym)
+    torch.testing.assert_close(own.scales.float(), scale.t().to(torch.float16).float(), rtol=2 ** -10, atol=0)
+
+
+CASES = {
+    "llama-w4a16-sym-g32": ("llama", dict(bits=4, group_size=32, sym=True)),
+    "llama-w4a16-asym-g64": ("llama", dict(bits=4, group_size=64, sym=False)),
+    "qwen2-w4a16-asym-g128": ("qwen2", dict(bits=4, group_size=128, sym=False)),
+    "llama-w8a16-sym-g32": ("llama", dict(bits=8, group_size=32, sym=True)),
+    "qwen2-w8a16-asym-channel": ("qwen2", dict(bits=8, group_size=-1, sym=False)),
+}
+SIZES = dict(hidden_size=128, intermediate_size=256)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_library_written_checkpoints_load_as_its_own_decompression(case, tmp_path):
+    family, fields = CASES[case]
+    path = save_ct_library_checkpoint(family, tmp_path / case, **fields, **SIZES)
+    weights = ct_library_dequantized_weights(path)
+    assert len(weights) == 14  # seven linears in each of two layers; lm_head is in the config's ignore list
+    reference = reference_from_ct_library(family, path, weights, **SIZES)
+    model, report = loader.load_model_with_report(str(path), dtype="float32")
+    assert report.quantization["bits"] == fields["bits"]
+    ids = random_ids(reference.config.vocab_size, seq=24)
+    with torch.no_grad():
+        error = relative_error(model(ids), reference_logits(reference, ids))
+    print(f"{case}: relative error {error:.3g} against compressed-tensors' decompression; "
+          f"kernels {report.quantization['kernels']}")
+    assert error <= 1e-3
