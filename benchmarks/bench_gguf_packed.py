@@ -7,7 +7,9 @@ of ``--reps``), for SmolLM2-135M-Instruct Q4_1 (``scripts/fetch_smollm2.py``) an
 - ``packed``: ``load_model(quantization="gguf", dtype="float32")`` — Q4 blocks repacked for torch's int4
   kernel, the rest float32 (what issue 17's first slice measured; the kernel computes in bfloat16);
 - ``packed-bf16``: the same with ``dtype="bfloat16"`` (activations bfloat16 throughout, no casts);
-- ``dequant-f32`` / ``dequant-bf16``: ``load_model(dtype=...)``, every block dequantized at load;
+- ``dequant-f32`` / ``dequant-bf16``: ``load_model(dtype="float32")`` and ``load_model(dtype="bfloat16",
+  format_options={"dequantize": True})``, every block dequantized at load (a bfloat16 load of a GGUF file
+  otherwise stays packed);
 - ``llama.cpp``: ``llama_cpp.Llama(path, n_threads=T, n_threads_batch=T)`` (mmap, CPU only), from the pinned
   ``llama-cpp-python`` the benchmark builds in its own virtualenv (``benchmarks/llamacpp_venv.py``).
 
@@ -48,8 +50,9 @@ QUESTION = "What is the capital of France?"
 LOADER_PATHS: dict[str, dict[str, Any]] = {
     "packed": {"quantization": "gguf", "dtype": "float32"},
     "packed-bf16": {"quantization": "gguf", "dtype": "bfloat16"},
-    "dequant-f32": {"quantization": None, "dtype": "float32"},
-    "dequant-bf16": {"quantization": None, "dtype": "bfloat16"},
+    "dequant-f32": {"dtype": "float32"},
+    # since GGUF stays packed for dtype auto/bfloat16, the dequantized bfloat16 model needs the option by name
+    "dequant-bf16": {"dtype": "bfloat16", "format_options": {"dequantize": True}},
 }
 LLAMA_CPP = "llama.cpp"
 _KEYS = ("load_s", "rss_added", "rss_after_decode", "peak_rss", "prefill_s", "decode_tok_s")
