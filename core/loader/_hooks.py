@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import pluggy
 
-from ._known_plugins import formats_of_files, missing_plugin_hint
 from ._plugin_guard import calling_plugin, recording_answers
 from .errors import ConfigError, LoadError, PluginError, SourceNotFoundError, UnsupportedError
 
@@ -28,6 +27,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from ._known_plugins import Provision
     from ._options import LoadOptions
     from ._plugins import PluginHost
     from .checkpoint import Source, TokenizerBundle, WeightFormat
@@ -84,6 +84,14 @@ def _first(caller: pluggy.HookCaller, **kwargs: Any) -> Answer | None:
     return Answer(plugin, value)
 
 
+def missing_plugin_hint(kind: Provision, name: str, host: PluginHost) -> str:
+    """:func:`loader._known_plugins.missing_plugin_hint`, imported when a message needs it: only a failed
+    lookup reads the table of known plugins, so a load that succeeds does not hold it."""
+    from . import _known_plugins
+
+    return _known_plugins.missing_plugin_hint(kind, name, host)
+
+
 def resolve_source(location: str, options: LoadOptions, host: PluginHost | None = None) -> Source:
     """Resolve a location; raises :class:`~loader.errors.SourceNotFoundError` if nobody can."""
     found = _first(_host(host).pm.hook.loader_resolve_source, location=location, options=options)
@@ -108,6 +116,8 @@ def detect_format(source: Source, requested: str, host: PluginHost | None = None
                 f"{source.display()}: load_format {requested!r} is not provided by any installed plugin "
                 f"or the source holds no files of that format{missing_plugin_hint('format', requested, plugins)}"
             )
+        from ._known_plugins import formats_of_files
+
         present = formats_of_files(source)
         hints = "".join(missing_plugin_hint("format", name, plugins) for name in present)
         what = f" ({', '.join(present)} files)" if present else ""

@@ -130,7 +130,7 @@ def test_fallback_info_is_never_read_from_the_disk_cache(registry, monkeypatch):
         probed.extend(e.architecture for e in entries)
         return {e.architecture: ModelInfo(e.architecture) for e in entries}
 
-    monkeypatch.setattr("loader._registry.registry.probe_in_child", fake_probe)
+    monkeypatch.setattr("loader._registry.probe.probe_in_child", fake_probe)
     registry.model_infos(["AnyForCausalLM"])
     assert probed == ["AnyForCausalLM"]
     folder = registry.cache.directory

@@ -23,7 +23,6 @@ from .._plugins import PluginHost, use_plugin_host
 from .._session import current_session
 from ..checkpoint import Source, WeightFormat, is_training_artifact, read_json_object
 from ..errors import CheckpointFormatError, ConfigError, SourceNotFoundError
-from .remote_index import filter_by_remote_index
 from .weight_map import weight_map_files
 
 __all__ = ["PreparedCheckpoint", "filter_weight_files", "prepare_checkpoint"]
@@ -119,6 +118,8 @@ def filter_weight_files(source: Source, weight_format: WeightFormat) -> WeightFo
                 f"list: {', '.join(absent)}"
             )
     elif weight_format.index is not None and source.reader is not None:
+        from .remote_index import filter_by_remote_index  # a remote source only: a local load never imports it
+
         files = filter_by_remote_index(source, weight_format, files)
     if not files:
         raise SourceNotFoundError(

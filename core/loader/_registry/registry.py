@@ -35,14 +35,13 @@ import attrs
 
 from .._options import check_model_impl
 from ..errors import PluginError, UnknownArchitectureError
-from .cache import ProbeCache
-from .capabilities import ModelInfo
 from .entry import RegisteredModel, check_class_path
-from .fingerprint import cache_key, requirements_fingerprint, source_fingerprint
-from .probe import ProbeOutcome, probe_in_child, probe_in_process, wants_in_process_probe
 
 if TYPE_CHECKING:
     from .._plugins import PluginHost
+    from .cache import ProbeCache
+    from .capabilities import ModelInfo
+    from .probe import ProbeOutcome
 
 __all__ = ["OVERRIDE_ENV", "ModelChoice", "ModelRegistry", "get_registry", "model_info", "override_setting"]
 
@@ -99,6 +98,8 @@ class ModelRegistry:
         Its default folder comes from ``platformdirs``, whose import holds about 0.35 MiB of Python
         objects (tracemalloc); a load never reads probed info, so it never pays that.
         """
+        from .cache import ProbeCache
+
         with self._lock:
             if self._cache is None:
                 self._cache = ProbeCache()
@@ -241,8 +242,6 @@ class ModelRegistry:
         ``config.json``); ``host`` lets a miss name the plugin distribution to
         install, or say that it is installed but disabled.
         """
-        from .._known_plugins import missing_plugin_hint
-
         model_impl = check_model_impl(model_impl)
         if isinstance(architectures, str):
             architectures = [architectures]
@@ -265,6 +264,8 @@ class ModelRegistry:
             return ModelChoice(architectures[0], fallback,
                                f"no installed plugin registers {', '.join(architectures)} natively")
         ruled_out = " (model_impl='native' rules out the fallback)" if fallback is not None else ""
+        from .._known_plugins import missing_plugin_hint  # a miss only: a load that finds its class never reads it
+
         hint = "" if ruled_out else missing_plugin_hint("architecture", architectures[0], host)
         raise UnknownArchitectureError(
             f"{origin} architectures {list(architectures)!r}: none is registered by an installed plugin"
@@ -297,7 +298,15 @@ class ModelRegistry:
         return infos
 
     def model_infos_or_errors(self, architectures: Iterable[str] | None = None) -> dict[str, ProbeOutcome]:
-        """Like :meth:`model_infos`, but a failed probe is returned as its error (for listings)."""
+        """Like :meth:`model_infos`, but a failed probe is returned as its error (for listings).
+
+        The probe, cache and fingerprint modules are imported here, not with the registry: a load
+        chooses and imports its class without them (each module imported stays resident).
+        """
+        from .capabilities import ModelInfo
+        from .fingerprint import source_fingerprint
+        from .probe import probe_in_child, wants_in_process_probe
+
         names = self.architectures() if architectures is None else list(architectures)
         outcomes: dict[str, ProbeOutcome] = {n: self.conflict_error(n) for n in names if n in self._conflicts}
         entries = [self.entry(name) for name in names if name not in outcomes]
@@ -334,6 +343,8 @@ class ModelRegistry:
         return {name: outcomes[name] for name in names}
 
     def _probe_here(self, entry: RegisteredModel) -> ProbeOutcome:
+        from .probe import probe_in_process
+
         try:
             info = probe_in_process(entry)
         except PluginError as exc:
@@ -344,6 +355,8 @@ class ModelRegistry:
     def _read_cache(self, entries: list[RegisteredModel], outcomes: dict[str, ProbeOutcome],
                     fingerprint_of: Callable[[str], str | None]) -> list[tuple[RegisteredModel, str | None]]:
         """Fill ``outcomes`` from disk; return the entries still to probe with their cache keys."""
+        from .fingerprint import cache_key, requirements_fingerprint
+
         missing: list[tuple[RegisteredModel, str | None]] = []
         for entry in entries:
             fingerprint = fingerprint_of(entry.top_level_package)

@@ -145,3 +145,9 @@ def test_linear_layers_get_the_bitsandbytes_method_and_others_do_not():
     assert BitsAndBytesConfig().get_quant_method(torch.nn.Linear(2, 2), "x") is None
     skipped = RowParallelLinear(64, 32, quant_config=BitsAndBytesConfig(), prefix="lm_head")
     assert not isinstance(skipped.quant_method, BitsAndBytesLinearMethod)
+
+
+def test_the_entry_point_s_cheap_test_uses_the_method_name_detection_uses():
+    from loader_plugin_bnb import config, names
+
+    assert config.METHOD_NAME is names.METHOD_NAME == "bitsandbytes"

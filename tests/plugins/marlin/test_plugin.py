@@ -106,3 +106,11 @@ def test_linear_layers_get_the_gptq_method_with_checkpoint_shaped_parameters():
     skipping = GPTQConfig(skip_modules=("down_proj",))
     dense = RowParallelLinear(96, 64, quant_config=skipping, prefix="model.layers.0.mlp.down_proj")
     assert not isinstance(dense.quant_method, PackedLinearMethod)
+
+
+def test_the_entry_point_s_cheap_test_knows_every_method_detection_loads():
+    """The entry point answers ``None`` before importing detection unless ``quant_method`` is one of these."""
+    from loader_plugin_marlin.detection import METHODS
+    from loader_plugin_marlin.names import DECLARED_METHODS
+
+    assert sorted(DECLARED_METHODS) == sorted(METHODS)

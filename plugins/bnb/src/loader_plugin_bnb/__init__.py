@@ -1,19 +1,48 @@
 """loader plugin: bitsandbytes NF4/FP4 quantization for loader, in flight and pre-quantized.
 
-Only light names are re-exported here (the entry point imports this package
-first); the torch-side pieces live in ``linear_method``, ``packed_tensor``,
+The torch-side pieces live in ``linear_method``, ``packed_tensor``,
 ``grouping`` and ``codec``.
+
+Every name is imported on first use (PEP 562): loader imports this package to reach
+:mod:`.plugin` in every process that discovers plugins, and a load that does not use this
+method should not hold its config classes.
 """
 
-from .config import METHOD_NAME, OPTION_NAMES, BitsAndBytesConfig, config_from_checkpoint, config_from_options
-from .quant_state import QuantStateHeader, parse_quant_state
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import OPTION_NAMES, BitsAndBytesConfig, config_from_checkpoint, config_from_options
+    from .names import METHOD_NAME
+    from .quant_state import QuantStateHeader, parse_quant_state
+
+_EXPORTS = {
+    "BitsAndBytesConfig": "config",
+    "METHOD_NAME": "names",
+    "OPTION_NAMES": "config",
+    "QuantStateHeader": "quant_state",
+    "config_from_checkpoint": "config",
+    "config_from_options": "config",
+    "parse_quant_state": "quant_state",
+}
 
 __all__ = [
+    "BitsAndBytesConfig",
     "METHOD_NAME",
     "OPTION_NAMES",
-    "BitsAndBytesConfig",
     "QuantStateHeader",
     "config_from_checkpoint",
     "config_from_options",
     "parse_quant_state",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

@@ -22,6 +22,7 @@ import attrs
 from loader.errors import ConfigError, UnsupportedError
 from loader.layers import QuantizationConfig
 
+from .names import METHOD_NAME
 from .quant_state import BLOCKSIZES, QUANT_TYPES
 
 if TYPE_CHECKING:
@@ -40,7 +41,6 @@ __all__ = [
     "config_from_options",
 ]
 
-METHOD_NAME = "bitsandbytes"
 DEFAULT_SKIP_MODULES = ("lm_head",)
 COMPUTE_DTYPES = ("float32", "float16", "bfloat16")
 OPTION_NAMES = ("quant_type", "blocksize", "double_quant", "compute_dtype", "skip_modules")

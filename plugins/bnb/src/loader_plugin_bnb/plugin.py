@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from loader.hookspecs import hookimpl
 
+from .names import METHOD_NAME
+
 if TYPE_CHECKING:
     from loader.checkpoint import LoadOptions
     from loader.layers import QuantizationConfig
@@ -23,10 +25,17 @@ if TYPE_CHECKING:
 __all__ = ["loader_detect_quantization"]
 
 
+def _declared_method(hf_config: Mapping[str, Any]) -> object:
+    declared = hf_config.get("quantization_config")
+    return declared.get("quant_method") if isinstance(declared, Mapping) else None
+
+
 @hookimpl
 def loader_detect_quantization(
     hf_config: Mapping[str, Any], requested: str | None, options: LoadOptions
 ) -> QuantizationConfig | None:
+    if requested is None and _declared_method(hf_config) != METHOD_NAME:
+        return None  # the common case, answered before importing the config classes
     from .detection import detect_bitsandbytes
 
     return detect_bitsandbytes(hf_config, requested, options.extra.get("quantization_options"))

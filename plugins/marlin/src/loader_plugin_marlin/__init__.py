@@ -1,15 +1,40 @@
 """loader plugin: GPTQ 4/8-bit checkpoints, a packed CPU kernel and the Marlin layout for CUDA.
 
-Only light names are re-exported here (the entry point imports this package
-first); the torch-side pieces live in ``quantized_weight``, ``gptq_format``,
+The torch-side pieces live in ``quantized_weight``, ``gptq_format``,
 ``kernels`` and ``linear_method``.
+
+Every name is imported on first use (PEP 562): loader imports this package to reach
+:mod:`.plugin` in every process that discovers plugins, and a load that does not use this
+method should not hold its config classes.
 """
 
-from .config import KERNELS, METHOD_NAME, GPTQConfig, config_from_checkpoint
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import KERNELS, METHOD_NAME, GPTQConfig, config_from_checkpoint
+
+_EXPORTS = {
+    "GPTQConfig": "config",
+    "KERNELS": "config",
+    "METHOD_NAME": "config",
+    "config_from_checkpoint": "config",
+}
 
 __all__ = [
+    "GPTQConfig",
     "KERNELS",
     "METHOD_NAME",
-    "GPTQConfig",
     "config_from_checkpoint",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from loader.hookspecs import hookimpl
 
+from .names import DECLARED_METHODS
+
 if TYPE_CHECKING:
     from loader.checkpoint import LoadOptions
     from loader.layers import QuantizationConfig
@@ -21,10 +23,17 @@ if TYPE_CHECKING:
 __all__ = ["loader_detect_quantization"]
 
 
+def _declared_method(hf_config: Mapping[str, Any]) -> object:
+    declared = hf_config.get("quantization_config")
+    return declared.get("quant_method") if isinstance(declared, Mapping) else None
+
+
 @hookimpl
 def loader_detect_quantization(
     hf_config: Mapping[str, Any], requested: str | None, options: LoadOptions
 ) -> QuantizationConfig | None:
+    if requested is None and _declared_method(hf_config) not in DECLARED_METHODS:
+        return None  # the common case, answered before importing the config classes
     from .detection import detect_packed
 
     return detect_packed(hf_config, requested, options.extra.get("quantization_options"))

@@ -25,6 +25,8 @@ import attrs
 from loader.checkpoint import Source, WeightFormat, side_file
 from loader.weights import CheckpointTensor, WeightStream, interleaved_to_half_rotary
 
+from .consolidated import NATIVE_CONFIG, is_consolidated
+
 __all__ = ["NativeNames", "native_to_hf_name", "native_to_hf_weights", "native_weight_format"]
 
 SAFETENSORS = "safetensors"
@@ -98,12 +100,6 @@ class NativeNames:
         return native_to_hf_weights(weights, config.num_attention_heads, config.num_key_value_heads)
 
 
-def is_consolidated(file: str) -> bool:
-    """``consolidated.safetensors`` or a shard of it (``consolidated-00001-of-00002.safetensors``)."""
-    base = file.replace("\\", "/").rsplit("/", 1)[-1]
-    return base.startswith("consolidated") and base.endswith(".safetensors")
-
-
 def native_weight_format(source: Source, requested: str) -> WeightFormat | None:
     """The ``consolidated*.safetensors`` files of a native folder (``params.json``, no ``config.json``).
 
@@ -114,7 +110,7 @@ def native_weight_format(source: Source, requested: str) -> WeightFormat | None:
     if requested not in ("auto", SAFETENSORS) or folder is None or source.path is None:
         return None
     # the same files, judged by the same rule, as the native config reader: a link out of the folder is refused
-    if side_file(folder, "params.json") is None or side_file(folder, "config.json") is not None:
+    if side_file(folder, NATIVE_CONFIG) is None or side_file(folder, "config.json") is not None:
         return None
     candidates = [source.path] if source.path.is_file() else sorted(folder.iterdir())
     files = tuple(str(p) for p in candidates if is_consolidated(p.name) and p.is_file())

@@ -9,10 +9,13 @@ is asked first.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from loader.hookspecs import RegisterArchitecture, hookimpl
+
+from .consolidated import NATIVE_CONFIG, is_consolidated
 
 if TYPE_CHECKING:
     from loader.checkpoint import Source, WeightFormat
@@ -28,6 +31,9 @@ def loader_register_architectures(register: RegisterArchitecture) -> None:
 @hookimpl(tryfirst=True)
 def loader_detect_format(source: Source, requested: str) -> WeightFormat | None:
     """A native folder: its consolidated safetensors files, renamed by the format (before any safetensors plugin)."""
+    folder = source.directory
+    if folder is None or not os.path.lexists(folder / NATIVE_CONFIG):  # a link is judged by native_weight_format
+        return None  # not a native folder: answered before importing the renaming step
     from .native_layout import native_weight_format
 
     return native_weight_format(source, requested)
@@ -35,8 +41,6 @@ def loader_detect_format(source: Source, requested: str) -> WeightFormat | None:
 
 @hookimpl
 def loader_read_config(source: Source, weight_format: WeightFormat) -> Mapping[str, Any] | None:
-    from .native_layout import is_consolidated
-
     folder = source.directory
     if folder is None or not any(is_consolidated(f) for f in weight_format.files):
         return None

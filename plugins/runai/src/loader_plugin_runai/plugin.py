@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING
 
 from loader.hookspecs import hookimpl
 
-from .formats import FORMATS
-from .uri import is_object_uri
+from .formats import FORMATS, is_object_uri
 
 if TYPE_CHECKING:
     from loader.checkpoint import LoadOptions, Source, WeightFormat

@@ -14,12 +14,10 @@ import attrs
 
 from loader.errors import SourceNotFoundError
 
+from .formats import SCHEMES, is_object_uri
+
 __all__ = ["SCHEMES", "ObjectUri", "is_object_uri", "parse_object_uri"]
 
-SCHEMES = ("s3",)
-"""Schemes this plugin resolves. The streamer also speaks ``gs://`` and ``az://`` through its other
-backends; S3-compatible stores (MinIO, GCS's interoperability endpoint, moto) work as ``s3://`` with
-``AWS_ENDPOINT_URL``."""
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 
@@ -42,11 +40,6 @@ class ObjectUri:
     def join(self, name: str) -> str:
         """The full URI of ``name``, as the streamer takes it."""
         return f"{self.scheme}://{self.bucket}/{self.key(name)}"
-
-
-def is_object_uri(location: str) -> bool:
-    """Whether ``location`` starts with a scheme this plugin resolves."""
-    return any(location.startswith(f"{scheme}://") for scheme in SCHEMES)
 
 
 def parse_object_uri(location: str) -> ObjectUri:

@@ -18,7 +18,11 @@ import attrs
 
 from loader.errors import ConfigError, UnknownArchitectureError
 
-__all__ = ["HFModelSpec", "causal_lm_class_names", "covered_architectures", "hf_model_spec"]
+__all__ = ["GGUF_ARCHITECTURE_KEY", "HFModelSpec", "causal_lm_class_names", "covered_architectures", "hf_model_spec"]
+
+GGUF_ARCHITECTURE_KEY = "gguf_architecture"
+"""Key of the config :mod:`.gguf_config` derives: the file's ``general.architecture`` (tensors come under GGUF
+names). Defined here, where every load reads it, so a load from ``config.json`` does not import the GGUF module."""
 
 
 def causal_lm_class_names() -> dict[str, str]:
@@ -57,8 +61,6 @@ def hf_model_spec(hf_config: Mapping[str, Any]) -> HFModelSpec:
     """The transformers causal-LM class and config for ``hf_config``; one-line errors name what is unknown."""
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    from .gguf_config import GGUF_ARCHITECTURE_KEY
 
     gguf_architecture = hf_config.get(GGUF_ARCHITECTURE_KEY)
     hf_config = {key: value for key, value in hf_config.items() if key != GGUF_ARCHITECTURE_KEY}

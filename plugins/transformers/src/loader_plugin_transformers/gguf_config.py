@@ -23,10 +23,9 @@ from typing import Any
 
 from loader.errors import UnknownArchitectureError, UnsupportedError
 
-__all__ = ["GGUF_ARCHITECTURE_KEY", "REWRITTEN", "config_from_gguf", "readable_architectures"]
+from .coverage import GGUF_ARCHITECTURE_KEY
 
-GGUF_ARCHITECTURE_KEY = "gguf_architecture"
-"""Key of the config this module returns: the file's ``general.architecture`` (tensors come under GGUF names)."""
+__all__ = ["GGUF_ARCHITECTURE_KEY", "REWRITTEN", "config_from_gguf", "readable_architectures"]
 
 REWRITTEN = ("gemma2", "gemma3", "gpt2")
 """Architectures whose transformers tensor processor :mod:`.gguf_names` reproduces (the others need none)."""
