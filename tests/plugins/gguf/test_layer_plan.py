@@ -103,6 +103,7 @@ def test_a_forced_dequantize_load_plans_no_gguf_layers(mixed):
 
 def test_the_transformers_fallback_plans_under_the_names_its_load_records(tmp_path):
     """The fallback nests loader's linears under ``hf_model.``; plan and load both key a layer by its prefix."""
+    pytest.importorskip("loader_plugin_transformers", reason="the fallback is another plugin")
     config = tiny_config("llama", vocab_size=288, rope_scaling=None)
     path = write_gguf(tmp_path / "fallback.gguf", build_model("llama", config), "llama", qtype=Q.Q4_1,
                       tensor_types={"blk.0.attn_v.weight": Q.Q8_0})
