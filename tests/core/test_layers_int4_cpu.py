@@ -112,3 +112,40 @@ def test_half_split_packing_rejects_groups_that_are_not_32_columns():
     qs = torch.zeros(16, 2, 8, dtype=torch.uint8)
     with pytest.raises(ValueError, match=r"half-split codes \(16, 2, 8\) do not hold groups of 32 columns"):
         pack_int4_half_split(qs, torch.ones(2, 16), torch.zeros(2, 16))
+
+
+def test_reduction_slices_round_each_slice_as_a_rank_would_and_add_in_float32():
+    """Two packed input-column halves: the float32 sum of the two bfloat16 kernel outputs a tp=2 pair computes."""
+    from loader.layers import stack_reduction_slices
+
+    generator = torch.Generator().manual_seed(0)
+    n, k = 48, 256
+    codes = torch.randint(0, 16, (n, k), generator=generator)
+    scales = torch.rand(k // 32, n, generator=generator) / 8
+    biases = -8 * scales
+    halves = [pack_int4(codes[:, c:c + k // 2], scales[g:g + 4], biases[g:g + 4], 32)
+              for c, g in ((0, 0), (k // 2, 4))]
+    sliced = stack_reduction_slices(halves)
+    assert sliced.slices == 2 and sliced.in_features == k and tuple(sliced.data.shape) == (2, n, k // 4)
+    x = torch.randn(3, k, generator=generator).to(torch.bfloat16)
+    got = sliced.matmul(x)
+    assert got.dtype == torch.float32
+    ranks = [half.matmul(x[:, c:c + k // 2]).float() for half, c in zip(halves, (0, k // 2), strict=True)]
+    assert torch.equal(got, ranks[0] + ranks[1])
+    whole = pack_int4(codes, scales, biases, 32)
+    assert whole.slices == 1
+    exact = torch.eye(k)  # float32 activations: each column of the weight, exactly
+    assert torch.equal(sliced.matmul(exact), whole.matmul(exact))
+
+
+def test_reduction_slices_must_share_shape_group_and_dtype():
+    from loader.layers import stack_reduction_slices
+
+    codes = torch.randint(0, 16, (32, 64))
+    scales = torch.rand(2, 32)
+    a = pack_int4(codes, scales, -8 * scales, 32)
+    b = pack_int4(codes, scales, -8 * scales, 32, dtype=torch.float16)
+    assert stack_reduction_slices([a]) is a
+    with pytest.raises(ValueError, match="reduction slices must all be packed with the same shape, group size "
+                                         "and scale dtype"):
+        stack_reduction_slices([a, b])

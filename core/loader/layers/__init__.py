@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         int4_unsupported_reason,
         pack_int4,
         pack_int4_half_split,
+        stack_reduction_slices,
     )
     from .layernorm import RMSNorm
     from .linear import (
@@ -78,6 +79,7 @@ __all__ = [
     "layout_of",
     "pack_int4",
     "pack_int4_half_split",
+    "stack_reduction_slices",
     "param_shape",
     "set_param_layout",
     "weight_loader_of",
@@ -94,6 +96,7 @@ _HOME = {
     "int4_unsupported_reason": "int4_cpu",
     "pack_int4": "int4_cpu",
     "pack_int4_half_split": "int4_cpu",
+    "stack_reduction_slices": "int4_cpu",
     "ColumnParallelLinear": "linear",
     "LinearBase": "linear",
     "MergedColumnParallelLinear": "linear",

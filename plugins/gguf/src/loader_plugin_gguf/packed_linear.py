@@ -58,12 +58,14 @@ from loader.layers import (
     ParallelLMHead,
     ParamLayout,
     QuantizationConfig,
+    RowParallelLinear,
     VocabParallelEmbedding,
     WeightLoader,
     int4_unsupported_reason,
     pack_int4,
     pack_int4_half_split,
     set_param_layout,
+    stack_reduction_slices,
 )
 from loader.weights import CheckpointTensor, RowPermutedTensor
 
@@ -76,10 +78,14 @@ if TYPE_CHECKING:
     from loader.checkpoint import LoadOptions
     from loader.layers import NarrowedPart, QuantizeMethodBase
 
-__all__ = ["METHOD_NAME", "GGUFLayerState", "GGUFLinearMethod", "GGUFQuantConfig", "LayerChoice",
+__all__ = ["METHOD_NAME", "REDUCTION_SLICES", "GGUFLayerState", "GGUFLinearMethod", "GGUFQuantConfig", "LayerChoice",
            "kernel_dtype_for", "kernel_dtype_requested", "packing_requested"]
 
 METHOD_NAME = "gguf"
+REDUCTION_SLICES = 2
+"""Input-column slices a packed row-parallel layer (``o_proj``, ``down_proj``) reduces separately across
+all ranks: at tp=1 two kernel calls whose bfloat16 outputs are added in float32, at tp=2 one per rank,
+added by the float32 all-reduce — the same sums (:meth:`GGUFLinearMethod._reduction_slices`)."""
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 _YES, _NO = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 _HALF_SPLIT_NAMES = tuple(t.name for t in HALF_SPLIT_TYPES)
@@ -280,7 +286,7 @@ class GGUFLinearMethod(LinearMethodBase):
         delattr(layer, "weight")
         if reason is None:
             dtype = self._kernel_dtype(state)
-            packed = self._pack([part.narrowed for part in parts], dtype)
+            packed = self._pack([part.narrowed for part in parts], dtype, self._reduction_slices(layer, state))
             layer.register_buffer("packed_weight", packed.data)
             layer.register_buffer("packed_scales_and_zeros", packed.scales_and_zeros)
             size = packed.data.numel() + packed.scales_and_zeros.numel() * packed.scales_and_zeros.element_size()
@@ -321,19 +327,50 @@ class GGUFLinearMethod(LinearMethodBase):
             return attrs.asdict(LayerChoice("int4", types, size))
         return attrs.asdict(LayerChoice("dequantized", types, 0, reason))
 
+    def _reduction_slices(self, layer: nn.Module, state: GGUFLayerState) -> int:
+        """How many input-column slices a single-process row-parallel layer reduces separately.
+
+        :data:`REDUCTION_SLICES` over the whole layer, i.e. as many per rank
+        as leave each of ``tp`` ranks its share: the kernel rounds its output
+        to bfloat16 once per call, so a tp=1 layer computed in one call would
+        round one sum where tp=2 ranks round two halves (relative 2e-3 apart
+        on a tiny Llama). Sliced, tp=1 rounds and adds in float32 exactly the
+        halves the ranks do. A float32 kernel rounds nothing worth slicing.
+        """
+        if not isinstance(layer, RowParallelLinear) or self._kernel_dtype(state) == torch.float32:
+            return 1
+        tp_size = max(1, int(layer.tp_size))
+        slices = REDUCTION_SLICES // tp_size if REDUCTION_SLICES % tp_size == 0 else 1
+        if slices <= 1 or state.cols % (slices * GROUP_SIZE) or int4_unsupported_reason(
+                state.rows, state.cols // slices, GROUP_SIZE) is not None:
+            return 1
+        return slices
+
     @staticmethod
-    def _pack(parts: list[CheckpointTensor], dtype: torch.dtype) -> Int4CpuWeight:
-        """The layer's parts (in row order) in torch's int4 layout; Q4_0/Q4_1 without unpacking their nibbles."""
+    def _pack(parts: list[CheckpointTensor], dtype: torch.dtype, slices: int = 1) -> Int4CpuWeight:
+        """The layer's parts (in row order) in torch's int4 layout; Q4_0/Q4_1 without unpacking their nibbles.
+
+        ``slices > 1`` packs that many equal input-column slices on their own
+        (:func:`loader.layers.stack_reduction_slices`).
+        """
         if all(p.stored_type in _HALF_SPLIT_NAMES for p in parts):
             split = [half_split_rows(p) for p in parts]
             qs = split[0].qs if len(split) == 1 else torch.cat([h.qs for h in split])
-            return pack_int4_half_split(qs, torch.cat([h.scales for h in split], dim=1),
-                                        torch.cat([h.biases for h in split], dim=1), dtype)
+            scales = torch.cat([h.scales for h in split], dim=1)
+            biases = torch.cat([h.biases for h in split], dim=1)
+            step = scales.shape[0] // slices
+            return stack_reduction_slices([
+                pack_int4_half_split(qs[:, g:g + step], scales[g:g + step], biases[g:g + step], dtype)
+                for g in range(0, scales.shape[0], step)])
         decoded = [affine_rows(p) for p in parts]
         codes = torch.cat([d.codes for d in decoded])
         scales = torch.cat([d.scales for d in decoded], dim=1)
         biases = torch.cat([d.biases for d in decoded], dim=1)
-        return pack_int4(codes, scales, biases, GROUP_SIZE, dtype)
+        step = scales.shape[0] // slices
+        return stack_reduction_slices([
+            pack_int4(codes[:, g * GROUP_SIZE:(g + step) * GROUP_SIZE], scales[g:g + step], biases[g:g + step],
+                      GROUP_SIZE, dtype)
+            for g in range(0, scales.shape[0], step)])
 
     def int4_weight(self, layer: nn.Module) -> Int4CpuWeight | None:
         """The layer's packed weight (built on its current buffers), ``None`` when it was dequantized."""
