@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -65,15 +67,24 @@ def test_the_byte_level_packing_knows_this_cpu_s_torch_layout():
 
 
 @pytest.mark.parametrize("block_n", [32, 64])
-@pytest.mark.parametrize("n", [16, 48, 80])
-def test_half_split_packing_builds_both_row_blocks_of_torch_s_layout(n, block_n):
-    """GGUF's half-split nibbles (column p low, p + 16 high) to either layout, from a strided view of blocks."""
+@pytest.mark.parametrize(("n", "splits"), [
+    (16, ()), (48, ()), (80, ()),
+    (80, (64,)),  # a fused layer's parts on block boundaries (64-row blocks): copied straight into place
+    (80, (32,)),  # on 32-row boundaries only
+    (144, (16, 80)),  # inside blocks: concatenated first
+    (160, (64, 128)),  # the tail in the last part
+])
+def test_half_split_packing_builds_both_row_blocks_of_torch_s_layout(n, splits, block_n):
+    """GGUF's half-split nibbles (column p low, p + 16 high) to either layout, from strided views of blocks,
+    the rows whole or in parts (a fused layer's q/k/v) split anywhere."""
     from loader.layers.int4_cpu import _int4pack_from_half_split
 
     generator = torch.Generator().manual_seed(n + block_n)
     qs = torch.randint(0, 256, (n, 2, 20), dtype=torch.uint8, generator=generator)[:, :, 4:]
     codes = torch.cat((qs & 0x0F, qs >> 4), dim=2).reshape(n, 64)
-    assert torch.equal(_int4pack_from_half_split(qs, block_n), _reference_int4pack(codes, block_n))
+    edges = (0, *splits, n)
+    parts = [qs[a:b] for a, b in itertools.pairwise(edges)]
+    assert torch.equal(_int4pack_from_half_split(parts, block_n), _reference_int4pack(codes, block_n))
 
 
 @pytest.mark.parametrize("n", [16, 48, 64, 80, 144, 256])
@@ -112,6 +123,38 @@ def test_half_split_packing_rejects_groups_that_are_not_32_columns():
     qs = torch.zeros(16, 2, 8, dtype=torch.uint8)
     with pytest.raises(ValueError, match=r"half-split codes \(16, 2, 8\) do not hold groups of 32 columns"):
         pack_int4_half_split(qs, torch.ones(2, 16), torch.zeros(2, 16))
+
+
+def test_half_split_parts_must_share_their_columns_and_match_the_scales():
+    from loader.layers import pack_int4_half_split_parts
+
+    q, k = torch.zeros(32, 2, 16, dtype=torch.uint8), torch.zeros(16, 3, 16, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"half-split parts \[\(32, 2, 16\), \(16, 3, 16\)\] do not share "
+                                         r"\[rows, groups, 16\] columns"):
+        pack_int4_half_split_parts([q, k], torch.zeros(2, 48, 2))
+    with pytest.raises(ValueError, match=r"scales and zeros \(2, 32, 2\) do not match 2 half-split parts of 48 "
+                                         r"rows and 2 groups"):
+        pack_int4_half_split_parts([q, q[:16]], torch.zeros(2, 32, 2))
+
+
+def test_half_split_parts_give_the_weight_of_the_concatenated_rows():
+    """A fused layer's parts packed in place are the concatenated rows packed whole, unsupported shapes included."""
+    from loader.layers import pack_int4_half_split, pack_int4_half_split_parts
+
+    generator = torch.Generator().manual_seed(3)
+    for rows in ((64, 32, 32), (24, 8)):  # parts on the row blocks, and parts cutting one
+        qs = torch.randint(0, 256, (sum(rows), 3, 16), dtype=torch.uint8, generator=generator)
+        scales = torch.rand(3, sum(rows), generator=generator)
+        biases = torch.randn(3, sum(rows), generator=generator)
+        whole = pack_int4_half_split(qs, scales, biases)
+        parts = list(qs.split(rows))
+        got = pack_int4_half_split_parts(parts, whole.scales_and_zeros)
+        assert torch.equal(got.data, whole.data) and got.reason == whole.reason
+    odd = torch.randint(0, 256, (20, 3, 16), dtype=torch.uint8, generator=generator)  # 20 rows: not a multiple of 16
+    sz = torch.zeros(3, 20, 2, dtype=torch.bfloat16)
+    unpacked = pack_int4_half_split_parts([odd[:12], odd[12:]], sz)
+    assert unpacked.reason == "output features 20 are not a multiple of 16"
+    assert torch.equal(unpacked.data, torch.cat((odd & 0x0F, odd >> 4), dim=2).reshape(20, 96))
 
 
 def test_reduction_slices_round_each_slice_as_a_rank_would_and_add_in_float32():

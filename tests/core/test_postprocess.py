@@ -149,3 +149,45 @@ def test_cuda_parameters_come_back_when_the_block_raises() -> None:
         raise RuntimeError("repack failed")
     assert layer.weight.device.type == "cpu" and layer.weight.is_pinned()
     torch.testing.assert_close(layer.weight.data, torch.arange(6, dtype=torch.float32).reshape(2, 3))
+
+
+class _Packed(nn.Module):
+    """A layer whose method leaves ``size`` bytes of buffers, as a repack would."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        from loader.layers.quantization import QuantizeMethodBase
+
+        class Method(QuantizeMethodBase):
+            def create_weights(self, layer: nn.Module, *args: Any, **kwargs: Any) -> None:
+                return None
+
+            def apply(self, layer: nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
+                raise NotImplementedError
+
+            def process_weights_after_loading(self, layer: nn.Module) -> None:
+                layer.register_buffer("packed", torch.empty(size, dtype=torch.uint8))
+
+        self.quant_method = Method()
+
+
+def test_the_heap_is_trimmed_per_trim_after_bytes_of_processed_layers_and_once_at_the_end(monkeypatch):
+    """Small layers share a trim (each walks the whole heap), a big one gets its own, and the end always one."""
+    from loader._pipeline import postprocess
+
+    trims: list[int] = []
+    processed: list[str] = []
+    monkeypatch.setattr(postprocess, "release_freed_heap", lambda: trims.append(len(processed)))
+    small, big = postprocess.TRIM_AFTER_BYTES // 4, postprocess.TRIM_AFTER_BYTES * 2
+    model = nn.Sequential(*(_Packed(size) for size in [small] * 6 + [big] + [small]))
+    for index, module in enumerate(model):
+        real = module.quant_method.process_weights_after_loading
+
+        def track(layer: nn.Module, real: Any = real, index: int = index) -> None:
+            real(layer)
+            processed.append(str(index))
+
+        monkeypatch.setattr(module.quant_method, "process_weights_after_loading", track)
+    postprocess.loader_process_weights_after_loading(model, None, torch.device("cpu"))
+    assert processed == [str(i) for i in range(8)]
+    assert trims == [4, 7, 8]  # after four quarters, after the big layer (and the two smalls before it), the end

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         int4_unsupported_reason,
         pack_int4,
         pack_int4_half_split,
+        pack_int4_half_split_parts,
         stack_reduction_slices,
     )
     from .layernorm import RMSNorm
@@ -79,6 +80,7 @@ __all__ = [
     "layout_of",
     "pack_int4",
     "pack_int4_half_split",
+    "pack_int4_half_split_parts",
     "stack_reduction_slices",
     "param_shape",
     "set_param_layout",
@@ -96,6 +98,7 @@ _HOME = {
     "int4_unsupported_reason": "int4_cpu",
     "pack_int4": "int4_cpu",
     "pack_int4_half_split": "int4_cpu",
+    "pack_int4_half_split_parts": "int4_cpu",
     "stack_reduction_slices": "int4_cpu",
     "ColumnParallelLinear": "linear",
     "LinearBase": "linear",

@@ -23,12 +23,13 @@ ms in float32, against 1.8 s / 3.3 s to dequantize and multiply.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import attrs
 import torch
 
 __all__ = ["KERNEL_GROUP_SIZES", "Int4CpuWeight", "int4_unsupported_reason", "pack_int4",
-           "pack_int4_half_split", "stack_reduction_slices"]
+           "pack_int4_half_split", "pack_int4_half_split_parts", "stack_reduction_slices"]
 
 KERNEL_GROUP_SIZES = (32, 64, 128, 256)
 _N_MULTIPLE = 16
@@ -182,17 +183,45 @@ def pack_int4_half_split(qs: torch.Tensor, scales: torch.Tensor, biases: torch.T
     n, groups, half = (int(s) for s in qs.shape)
     if half != HALF_SPLIT_GROUP // 2:
         raise ValueError(f"half-split codes {tuple(qs.shape)} do not hold groups of {HALF_SPLIT_GROUP} columns")
-    k = groups * HALF_SPLIT_GROUP
-    block_n = _torch_block_n()
-    if int4_unsupported_reason(n, k, HALF_SPLIT_GROUP) is not None or block_n is None:
-        codes = torch.cat((qs & 0x0F, qs >> 4), dim=2).reshape(n, k)
-        return pack_int4(codes, scales, biases, HALF_SPLIT_GROUP, dtype)
     if scales.shape != (groups, n) or biases.shape != scales.shape:
         raise ValueError(f"scales {tuple(scales.shape)} and biases {tuple(biases.shape)} do not match "
                          f"half-split codes {tuple(qs.shape)}")
     s = scales.to(torch.float32)
     scales_and_zeros = torch.stack([s, biases.to(torch.float32) + 8 * s], dim=-1).to(dtype).contiguous()
-    return Int4CpuWeight(_int4pack_from_half_split(qs, block_n), scales_and_zeros, HALF_SPLIT_GROUP, k, None)
+    return pack_int4_half_split_parts([qs], scales_and_zeros)
+
+
+def pack_int4_half_split_parts(parts: Sequence[torch.Tensor], scales_and_zeros: torch.Tensor) -> Int4CpuWeight:
+    """:func:`pack_int4_half_split` for a weight whose rows come in parts, its scales already in torch's form.
+
+    :param parts: uint8 ``[N_i, K / 32, 16]`` half-split codes (any strides), the weight's rows in order —
+        a fused layer's ``q``/``k``/``v`` or ``gate``/``up`` blocks as read, never concatenated.
+    :param scales_and_zeros: ``[K / 32, sum N_i, 2]`` in the kernel's dtype, torch's convention
+        (``w = (q - 8) * scale + zero``), built by the caller straight from its file's fields.
+
+    Why: concatenating a fused layer's parts and stacking its scales were a
+    third of a packed GGUF load's packing; each part whose rows start and end
+    on the layout's row blocks is transposed straight into place instead.
+    """
+    groups = int(parts[0].shape[1])
+    n = sum(int(part.shape[0]) for part in parts)
+    k = groups * HALF_SPLIT_GROUP
+    if any(tuple(part.shape[1:]) != (groups, HALF_SPLIT_GROUP // 2) for part in parts):
+        raise ValueError(f"half-split parts {[tuple(part.shape) for part in parts]} do not share "
+                         f"[rows, groups, {HALF_SPLIT_GROUP // 2}] columns")
+    if tuple(scales_and_zeros.shape) != (groups, n, 2):
+        raise ValueError(f"scales and zeros {tuple(scales_and_zeros.shape)} do not match {len(parts)} half-split "
+                         f"parts of {n} rows and {groups} groups")
+    block_n = _torch_block_n()
+    reason = int4_unsupported_reason(n, k, HALF_SPLIT_GROUP)
+    if reason is not None or block_n is None:
+        qs = parts[0] if len(parts) == 1 else torch.cat(list(parts))
+        codes = torch.cat((qs & 0x0F, qs >> 4), dim=2).reshape(n, k)
+        if reason is not None:
+            return Int4CpuWeight(codes.contiguous(), scales_and_zeros, HALF_SPLIT_GROUP, k, reason)
+        data = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
+        return Int4CpuWeight(data, scales_and_zeros, HALF_SPLIT_GROUP, k, None)
+    return Int4CpuWeight(_int4pack_from_half_split(parts, block_n), scales_and_zeros, HALF_SPLIT_GROUP, k, None)
 
 
 _LOW_NIBBLES = 0x0F0F0F0F0F0F0F0F
@@ -217,28 +246,52 @@ def _pair_nibbles_into(first: torch.Tensor, second: torch.Tensor, low_rows: torc
     second |= scratch
 
 
-def _int4pack_from_half_split(qs: torch.Tensor, block_n: int) -> torch.Tensor:
-    """:func:`_int4pack_bytes`'s layout (see there) from half-split codes ``[N, G, 16]``.
+def _by_column(parts: Sequence[torch.Tensor], n: int, block_n: int) -> torch.Tensor:
+    """The first ``n // block_n`` row blocks of the parts' rows transposed to ``[B, G, 16, block_n]`` bytes.
 
-    One byte-level pass transposes each block of ``block_n`` rows to ``[G, 16, block_n]`` (straight from
-    ``qs``, strided or not), so the rows a byte pairs (``j`` and ``j + block_n / 2``) sit in the two halves of
-    one line; the nibbles are then paired on 64-bit words written straight into torch's layout.
+    Every part but the last holds whole blocks (:func:`_int4pack_from_half_split` sees to it), so each is
+    copied straight into its own blocks.
     """
-    n, groups, _ = (int(s) for s in qs.shape)
+    groups = int(parts[0].shape[1])
+    blocks = n // block_n
+    by_column = torch.empty(blocks, groups, 16, block_n, dtype=torch.uint8, device=parts[0].device)
+    start = 0
+    for part in parts:
+        size = int(part.shape[0])
+        whole = min(size, blocks * block_n - start) // block_n
+        if whole > 0:
+            first = start // block_n
+            source = part[:whole * block_n].view(whole, block_n, groups, 16).permute(0, 2, 3, 1)
+            by_column[first:first + whole].copy_(source)
+        start += size
+    return by_column
+
+
+def _int4pack_from_half_split(parts: Sequence[torch.Tensor], block_n: int) -> torch.Tensor:
+    """:func:`_int4pack_bytes`'s layout (see there) from half-split codes ``[N_i, G, 16]``, rows in parts.
+
+    Parts whose boundaries fall inside a row block are concatenated first. One byte-level pass transposes
+    each block of ``block_n`` rows to ``[G, 16, block_n]`` (straight from the parts, strided or not), so the
+    rows a byte pairs (``j`` and ``j + block_n / 2``) sit in the two halves of one line; the nibbles are then
+    paired on 64-bit words written straight into torch's layout.
+    """
+    groups = int(parts[0].shape[1])
+    n = sum(int(part.shape[0]) for part in parts)
     k = groups * HALF_SPLIT_GROUP
     full = n // block_n * block_n
-    out = torch.empty(n * k // 2, dtype=torch.uint8, device=qs.device)
+    device = parts[0].device
+    if any(int(part.shape[0]) % block_n for part in parts[:-1]):  # a boundary inside a block: one more copy
+        parts = [torch.cat(list(parts))]
+    out = torch.empty(n * k // 2, dtype=torch.uint8, device=device)
     if full:
-        blocks = full // block_n
-        by_column = torch.empty(blocks, groups, 16, block_n, dtype=torch.uint8, device=qs.device)
-        by_column.copy_(qs[:full].view(blocks, block_n, groups, 16).permute(0, 2, 3, 1))
-        words = by_column.view(torch.int64)  # [B, G, 16, block_n / 8]
+        words = _by_column(parts, n, block_n).view(torch.int64)  # [B, G, 16, block_n / 8]
         half = block_n // 16
-        packed = out[: full * k // 2].view(blocks, groups, 2, 16, block_n // 2).view(torch.int64)
+        packed = out[: full * k // 2].view(full // block_n, groups, 2, 16, block_n // 2).view(torch.int64)
         _pair_nibbles_into(packed[:, :, 0], packed[:, :, 1], words[..., :half], words[..., half:])
-    if full < n:  # the last rows (a multiple of 16) pair adjacent rows: [K, T / 2] bytes
-        tail = torch.empty(groups, 16, n - full, dtype=torch.uint8, device=qs.device)
-        tail.copy_(qs[full:].permute(1, 2, 0))
+    if full < n:  # the last rows (a multiple of 16, all in the last part) pair adjacent rows: [K, T / 2] bytes
+        last = parts[-1]
+        tail = torch.empty(groups, 16, n - full, dtype=torch.uint8, device=device)
+        tail.copy_(last[int(last.shape[0]) - (n - full):].permute(1, 2, 0))
         even, odd = tail[..., 0::2], tail[..., 1::2]
         packed_tail = out[full * k // 2:].view(groups, 2, 16, (n - full) // 2)
         torch.bitwise_or(even & 0x0F, (odd & 0x0F) << 4, out=packed_tail[:, 0])

@@ -221,10 +221,13 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         block, size = block_shape(Q.Q8_0)
         groups, real = state.cols // block, raw.shape[0]
         blocks = raw.reshape(real, groups, size)
-        codes = torch.zeros(groups, state.rows, block, dtype=torch.int8)
+        # written once each: the file's rows copied in, only the padding rows zeroed
+        codes = torch.empty(groups, state.rows, block, dtype=torch.int8)
         codes[:, :real].copy_(blocks[:, :, 2:].transpose(0, 1).view(torch.int8))
-        scales = torch.zeros(groups, state.rows, dtype=torch.float32)
+        codes[:, real:].zero_()
+        scales = torch.empty(groups, state.rows, dtype=torch.float32)
         scales[:, :real].copy_(half_at(blocks.reshape(-1, size), 0).view(real, groups).t())
+        scales[:, real:].zero_()
         layer.register_buffer("q8_codes", codes)
         layer.register_buffer("q8_scales", scales)
         size = codes.numel() + scales.numel() * scales.element_size()

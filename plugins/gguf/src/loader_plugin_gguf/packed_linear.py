@@ -10,7 +10,7 @@ as for every method, and the part handed to :meth:`GGUFLinearMethod._record`
 is only remembered (nothing is read). After loading, every part of the layer
 is decoded from its blocks into codes, scales and biases (:mod:`.q4_blocks`;
 llama.cpp's q/k rotary interleave is undone on the block rows) and packed by
-:func:`loader.layers.pack_int4` — Q4_0/Q4_1 by :func:`loader.layers.pack_int4_half_split`
+:func:`loader.layers.pack_int4` — Q4_0/Q4_1 by :func:`loader.layers.pack_int4_half_split_parts`
 straight from the blocks' nibbles (unpacking every code to a byte first was
 half of a SmolLM2 load).
 
@@ -63,7 +63,7 @@ from loader.layers import (
     WeightLoader,
     int4_unsupported_reason,
     pack_int4,
-    pack_int4_half_split,
+    pack_int4_half_split_parts,
     set_param_layout,
     stack_reduction_slices,
 )
@@ -355,13 +355,16 @@ class GGUFLinearMethod(LinearMethodBase):
         """
         if all(p.stored_type in _HALF_SPLIT_NAMES for p in parts):
             split = [half_split_rows(p) for p in parts]
-            qs = split[0].qs if len(split) == 1 else torch.cat([h.qs for h in split])
-            scales = torch.cat([h.scales for h in split], dim=1)
-            biases = torch.cat([h.biases for h in split], dim=1)
-            step = scales.shape[0] // slices
+            groups = int(split[0].qs.shape[1])
+            scales_and_zeros = torch.empty(groups, sum(int(h.qs.shape[0]) for h in split), 2, dtype=dtype)
+            start = 0
+            for h in split:  # each part's fields straight into the layer's scales, in the kernel's dtype
+                h.scales_and_zeros_into(scales_and_zeros[:, start:start + h.qs.shape[0]])
+                start += int(h.qs.shape[0])
+            step = groups // slices
             return stack_reduction_slices([
-                pack_int4_half_split(qs[:, g:g + step], scales[g:g + step], biases[g:g + step], dtype)
-                for g in range(0, scales.shape[0], step)])
+                pack_int4_half_split_parts([h.qs[:, g:g + step] for h in split], scales_and_zeros[g:g + step])
+                for g in range(0, groups, step)])
         decoded = [affine_rows(p) for p in parts]
         codes = torch.cat([d.codes for d in decoded])
         scales = torch.cat([d.scales for d in decoded], dim=1)

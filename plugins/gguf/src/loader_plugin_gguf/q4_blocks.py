@@ -59,20 +59,36 @@ class AffineRows:
 
 @attrs.frozen(eq=False)
 class HalfSplitRows:
-    """One Q4_0/Q4_1 part still two codes per byte, for :func:`loader.layers.pack_int4_half_split`.
+    """One Q4_0/Q4_1 part still two codes per byte, for :func:`loader.layers.pack_int4_half_split_parts`.
 
     :ivar qs: uint8 ``[rows, cols / 32, 16]``, a view into the blocks read.
-    :ivar scales: float32 ``[cols / 32, rows]``; :ivar biases: likewise (as :class:`AffineRows`).
+    :ivar d: float16 ``[rows, cols / 32]``, the blocks' ``d`` (a view where the blocks allow one).
+    :ivar m: Q4_1's ``m`` likewise; ``None`` for Q4_0 (``w = d (q - 8)``).
     """
 
     qs: torch.Tensor
-    scales: torch.Tensor
-    biases: torch.Tensor
+    d: torch.Tensor
+    m: torch.Tensor | None
+
+    def scales_and_zeros_into(self, out: torch.Tensor) -> None:
+        """Write torch's ``[cols / 32, rows, 2]`` scales and zeros (``w = (q - 8) s + z``) into ``out``.
+
+        ``s = d`` and ``z = m + 8 d`` computed in float32 (``8 d`` is exact, so
+        ``z`` is rounded once), then to ``out``'s dtype; Q4_0's ``z`` is 0.
+        """
+        out[..., 0].copy_(self.d.t())
+        if self.m is None:
+            out[..., 1].zero_()
+        else:
+            out[..., 1].copy_(torch.add(self.m.to(torch.float32), self.d.to(torch.float32), alpha=8).t())
 
 
 def _halves(blocks: torch.Tensor, count: int) -> torch.Tensor:
-    """The first ``count`` float16 fields of every block widened to float32, ``[n, count]``, in one copy."""
-    return blocks[:, :2 * count].clone(memory_format=torch.contiguous_format).view(torch.float16).to(torch.float32)
+    """The first ``count`` float16 fields of every block ``[n, size]``, ``[n, count]``: a view when it can be."""
+    size = blocks.shape[1]
+    if size % 2 == 0 and blocks.stride(1) == 1 and blocks.stride(0) % 2 == 0 and blocks.storage_offset() % 2 == 0:
+        return blocks.view(torch.float16)[:, :count]
+    return blocks[:, :2 * count].clone(memory_format=torch.contiguous_format).view(torch.float16)
 
 
 def _decode_q4_k(blocks: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -161,12 +177,10 @@ def half_split_rows(tensor: CheckpointTensor) -> HalfSplitRows:
     _, size = block_shape(ggml_type)
     rows = raw.shape[0]
     blocks = raw.contiguous().view(rows, -1, size)
-    flat = blocks.view(-1, size)
+    fields = _halves(blocks.view(-1, size), 2 if ggml_type == Q.Q4_1 else 1).view(rows, blocks.shape[1], -1)
     if ggml_type == Q.Q4_0:
-        d = _halves(flat, 1).view(rows, -1)
-        return HalfSplitRows(blocks[:, :, 2:], d.t().contiguous(), (d * -8).t().contiguous())
-    dm = _halves(flat, 2).view(rows, -1, 2)
-    return HalfSplitRows(blocks[:, :, 4:], dm[..., 0].t().contiguous(), dm[..., 1].t().contiguous())
+        return HalfSplitRows(blocks[:, :, 2:], fields[..., 0], None)
+    return HalfSplitRows(blocks[:, :, 4:], fields[..., 0], fields[..., 1])
 
 
 def affine_rows(tensor: CheckpointTensor) -> AffineRows:
