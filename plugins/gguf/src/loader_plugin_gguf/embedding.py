@@ -43,15 +43,17 @@ from loader.layers import (
     EmbeddingMethodBase,
     Int4CpuWeight,
     ParamLayout,
+    VocabParallelEmbedding,
     WeightLoader,
     int4_unsupported_reason,
     pack_int4,
     set_param_layout,
 )
+from loader.layers.vocab_embedding import pad_vocab_size
 
 from .dequantize import block_shape, dequantize_into
 from .kernels_legacy import half_at
-from .packed_linear import METHOD_NAME, LayerChoice, kernel_dtype_for
+from .packed_linear import METHOD_NAME, REDUCTION_SLICES, LayerChoice, kernel_dtype_for
 from .q4_blocks import GROUP_SIZE, PACKED_TYPES, affine_rows
 from .tensors import GGUFTensor
 
@@ -102,6 +104,20 @@ def _kept_bytes(state: GGUFEmbeddingState, kernel: str, window: GGUFTensor) -> i
 
 REFINED_LOGITS = 64
 """Top logits per position a Q8_0 head recomputes exactly when its kernel is narrower than the activations."""
+
+
+def _refine_spans(layer: nn.Module) -> list[tuple[int, int]]:
+    """This rank's real vocabulary rows as runs of the rows a tp=:data:`REDUCTION_SLICES` rank would hold.
+
+    At tp=1 the two halves of a tp=2 split (padded as that split pads the vocabulary); at tp=2 and above one
+    run, the rank's own rows. The padding rows never count.
+    """
+    embedding = cast(VocabParallelEmbedding, layer)
+    real = embedding.real_rows
+    if embedding.tp_size != 1 or REDUCTION_SLICES <= 1 or real == 0:
+        return [(0, real)]
+    split = pad_vocab_size(embedding.num_embeddings, embedding.padding_size * REDUCTION_SLICES) // REDUCTION_SLICES
+    return [(start, min(start + split, real)) for start in range(0, real, split)]
 
 
 def _buffer(layer: nn.Module, name: str) -> torch.Tensor:
@@ -310,12 +326,25 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         the rounding moves a logit by more than the gap to the 64th, so greedy
         decoding sees float32 logits where it looks. The rows come from the
         exact lookup (:meth:`embedding`): 64 rows per position, not the table.
+
+        Which logits are refined must not depend on the tensor-parallel size,
+        or tp=1 and tp=2 disagree wherever one refined a logit the other did
+        not: each of :func:`_refine_spans` (the real rows a tp=2 rank holds,
+        both halves at tp=1) refines its own top 64, with every logit tied
+        with the 64th (a threshold, not a count, so ties never choose).
         """
-        k = min(REFINED_LOGITS, out.shape[1])
-        top = out.topk(k, dim=1).indices  # [m, k]
-        rows = self.embedding(layer, top).to(x.dtype)  # [m, k, cols]
-        exact = torch.bmm(rows, x.unsqueeze(-1)).squeeze(-1)
-        out.scatter_(1, top, exact.to(out.dtype))
+        for start, end in _refine_spans(layer):
+            values = out[:, start:end]
+            k = min(REFINED_LOGITS, end - start)
+            top = values.topk(k, dim=1)
+            threshold = top.values[:, -1:]
+            chosen = int((values >= threshold).sum(dim=1).max())  # at least k: every logit tied with the k-th
+            if chosen > k:
+                top = values.topk(chosen, dim=1)
+            keep = top.values >= threshold
+            rows = self.embedding(layer, top.indices + start).to(x.dtype)  # [m, c, cols]
+            exact = torch.bmm(rows, x.unsqueeze(-1)).squeeze(-1).to(out.dtype)
+            values.scatter_(1, top.indices, torch.where(keep, exact, top.values))
 
     @staticmethod
     def _int8_head(layer: nn.Module, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
