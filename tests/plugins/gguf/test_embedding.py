@@ -88,6 +88,20 @@ def test_a_tied_head_multiplies_with_the_embeddings_storage(tiny_gguf, qtype, ke
         assert torch.equal(got.argmax(-1), expected.argmax(-1))
 
 
+def test_a_bfloat16_load_s_q8_0_head_gives_float32_logits_exact_at_the_top(tiny_gguf):
+    """bfloat16 activations: the head's top logits are the float32 products of the exact rows with the
+    bfloat16 hidden state, not rounded to bfloat16 (8 mantissa bits tie logits of 10-20 with each other)."""
+    path, _ = tiny_gguf("qwen2", Q.Q8_0, **SIZES)
+    loaded = loader.load_model(str(path), dtype="bfloat16")
+    hidden = torch.randn(2, 5, 256, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    with torch.no_grad():
+        got = loaded.lm_head(hidden)
+    expected = hidden.float() @ _reference_table(path).t()
+    top = expected.topk(8, dim=-1).indices
+    torch.testing.assert_close(got.gather(-1, top), expected.gather(-1, top), rtol=1e-5, atol=1e-5)
+    assert torch.equal(got.argmax(-1), expected.argmax(-1))
+
+
 def test_a_q8_0_head_with_the_float32_kernel_is_exact_everywhere(tiny_gguf):
     path, _ = tiny_gguf("qwen2", Q.Q8_0, **SIZES)
     loaded = loader.load_model(str(path), format_options={"kernel_dtype": "float32"})

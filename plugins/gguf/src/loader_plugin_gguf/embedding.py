@@ -16,9 +16,9 @@ tensor and indexing it. Stored per type:
   stored codes, rounded only as the kernel dtype rounds. The kernel's dtype is
   the linears' (bfloat16; ``kernel_dtype=float32`` for float32): in float32
   torch's int8 kernel is slow (SmolLM2 decode 12 tok/s against 45 in
-  bfloat16), and bfloat16 logits flip near-ties, so a float32 load recomputes
-  each position's top 64 logits exactly from their looked-up rows
-  (:meth:`GGUFEmbeddingMethod._refine_top`).
+  bfloat16), and bfloat16 logits flip near-ties, so the head returns float32
+  logits with each position's top 64 recomputed exactly from their looked-up
+  rows (:meth:`GGUFEmbeddingMethod._refine_top`), for bfloat16 activations too.
 - every other type: the raw blocks ``uint8 [rows, row_bytes]``. A tied head of
   Q4_0/Q4_1/Q4_K adds torch's packed int4 weight built from the same blocks
   (:mod:`.q4_blocks`; lookups stay exact from the blocks).
@@ -286,15 +286,20 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         kernel = cast(LayerChoice, state.choice).kernel
         if kernel == "dequantized":
             return torch.nn.functional.embedding(ids, _buffer(layer, "weight"))
+        return self._exact_rows(layer, state, ids).to(state.params_dtype)
+
+    @staticmethod
+    def _exact_rows(layer: nn.Module, state: GGUFEmbeddingState, ids: torch.Tensor) -> torch.Tensor:
+        """The rows ``ids`` of the kept blocks, float32 ``[*ids.shape, cols]``: exact, whatever the load's dtype."""
         flat = ids.reshape(-1)
-        if kernel == "int8":
+        if state.ggml_type == Q.Q8_0:
             codes = _buffer(layer, "q8_codes")[:, flat]  # [groups, n, 32]
             scales = _buffer(layer, "q8_scales")[:, flat]
             rows = (codes.to(torch.float32) * scales.unsqueeze(-1)).transpose(0, 1).reshape(-1, state.cols)
         else:
             rows = torch.empty(flat.numel(), state.cols, dtype=torch.float32, device=flat.device)
             dequantize_into(_buffer(layer, "blocks").index_select(0, flat), cast(int, state.ggml_type), rows)
-        return rows.to(state.params_dtype).view(*ids.shape, state.cols)
+        return rows.view(*ids.shape, state.cols)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """The tied head's logits ``x @ W.T`` over this rank's rows, from the embedding's storage."""
@@ -304,10 +309,14 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
             return torch.nn.functional.linear(x, _buffer(layer, "weight"), bias)
         dtype = state.kernel_dtype
         if kernel == "int8":
+            # float32 logits (every model's are widened to float32 after the head): a narrower kernel's
+            # top logits refined exactly, for bfloat16 activations too
             flat = x.reshape(-1, state.cols)
             out = self._int8_head(layer, flat.to(dtype), dtype)
-            if dtype.itemsize < x.dtype.itemsize:
-                self._refine_top(layer, flat, out)
+            if dtype != torch.float32:
+                self._refine_top(layer, flat.to(torch.float32), out)
+            out = out.view(*x.shape[:-1], state.rows)
+            return out if bias is None else out + bias.to(out.dtype)
         elif kernel == "blocks+int4":
             packed = Int4CpuWeight(_buffer(layer, "packed_weight"), _buffer(layer, "packed_scales_and_zeros"),
                                    GROUP_SIZE, state.cols)
@@ -342,7 +351,7 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
             if chosen > k:
                 top = values.topk(chosen, dim=1)
             keep = top.values >= threshold
-            rows = self.embedding(layer, top.indices + start).to(x.dtype)  # [m, c, cols]
+            rows = self._exact_rows(layer, self._state(layer), top.indices + start)  # [m, c, cols] float32
             exact = torch.bmm(rows, x.unsqueeze(-1)).squeeze(-1).to(out.dtype)
             values.scatter_(1, top.indices, torch.where(keep, exact, top.values))
 
