@@ -33,9 +33,10 @@ if TYPE_CHECKING:
 
 __all__ = ["TRIM_AFTER_BYTES", "device_loading_context", "loader_process_weights_after_loading"]
 
-TRIM_AFTER_BYTES = 16 << 20
-"""Processed layers' tensor bytes between two heap trims: a layer of a 1 GB-class model (tens of MB) is
-still followed by its own trim, a 135M model's (0.2-1 MB each) share one per ~30 layers."""
+TRIM_AFTER_BYTES = 4 << 20
+"""Processed layers' tensor bytes between two heap trims: a 1.1B GPTQ Llama's MLP layers (6-12 MiB packed)
+are each still followed by their own trim, and its last, the quantized head whose conversion sets the
+load's peak, too; a 135M GGUF model's layers (0.2-0.9 MiB each) share one per ~8 layers."""
 
 
 @contextmanager
