@@ -62,13 +62,12 @@ class HalfSplitRows:
     """One Q4_0/Q4_1 part still two codes per byte, for :func:`loader.layers.pack_int4_half_split_parts`.
 
     :ivar qs: uint8 ``[rows, cols / 32, 16]``, a view into the blocks read.
-    :ivar d: float16 ``[rows, cols / 32]``, the blocks' ``d`` (a view where the blocks allow one).
-    :ivar m: Q4_1's ``m`` likewise; ``None`` for Q4_0 (``w = d (q - 8)``).
+    :ivar fields: the blocks' leading float16 fields, group-major: ``[cols / 32, rows, 1]`` (Q4_0: ``d``) or
+        ``[cols / 32, rows, 2]`` (Q4_1: ``d, m``) — the order torch's scales and zeros take.
     """
 
     qs: torch.Tensor
-    d: torch.Tensor
-    m: torch.Tensor | None
+    fields: torch.Tensor
 
     def scales_and_zeros_into(self, out: torch.Tensor) -> None:
         """Write torch's ``[cols / 32, rows, 2]`` scales and zeros (``w = (q - 8) s + z``) into ``out``.
@@ -76,19 +75,30 @@ class HalfSplitRows:
         ``s = d`` and ``z = m + 8 d`` computed in float32 (``8 d`` is exact, so
         ``z`` is rounded once), then to ``out``'s dtype; Q4_0's ``z`` is 0.
         """
-        out[..., 0].copy_(self.d.t())
-        if self.m is None:
+        if self.fields.shape[-1] == 1:
+            out[..., 0].copy_(self.fields[..., 0])
             out[..., 1].zero_()
-        else:
-            out[..., 1].copy_(torch.add(self.m.to(torch.float32), self.d.to(torch.float32), alpha=8).t())
+            return
+        widened = self.fields.to(torch.float32)
+        widened[..., 1].add_(widened[..., 0], alpha=8)
+        out.copy_(widened)
 
 
-def _halves(blocks: torch.Tensor, count: int) -> torch.Tensor:
-    """The first ``count`` float16 fields of every block ``[n, size]``, ``[n, count]``: a view when it can be."""
-    size = blocks.shape[1]
-    if size % 2 == 0 and blocks.stride(1) == 1 and blocks.stride(0) % 2 == 0 and blocks.storage_offset() % 2 == 0:
-        return blocks.view(torch.float16)[:, :count]
-    return blocks[:, :2 * count].clone(memory_format=torch.contiguous_format).view(torch.float16)
+def _group_major_fields(blocks: torch.Tensor, count: int) -> torch.Tensor:
+    """The first ``count`` float16 fields of blocks ``[rows, groups, size]`` as ``[groups, rows, count]``.
+
+    Why: gathered as one 2- or 4-byte word per block and transposed as such,
+    the fields arrive in torch's scale order with one copy; converting and
+    transposing them as strided float16 pairs was a quarter of a packed load.
+    """
+    rows, groups, size = (int(s) for s in blocks.shape)
+    width = 2 * count
+    word = {2: torch.int16, 4: torch.int32}[width]
+    if size % width == 0 and blocks.is_contiguous() and blocks.storage_offset() % width == 0:
+        first = blocks.view(word)[..., 0]  # [rows, groups]: each block's leading fields as one word
+    else:
+        first = blocks[..., :width].contiguous().view(word)[..., 0]
+    return first.t().contiguous().view(torch.float16).view(groups, rows, count)
 
 
 def _decode_q4_k(blocks: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -177,10 +187,9 @@ def half_split_rows(tensor: CheckpointTensor) -> HalfSplitRows:
     _, size = block_shape(ggml_type)
     rows = raw.shape[0]
     blocks = raw.contiguous().view(rows, -1, size)
-    fields = _halves(blocks.view(-1, size), 2 if ggml_type == Q.Q4_1 else 1).view(rows, blocks.shape[1], -1)
     if ggml_type == Q.Q4_0:
-        return HalfSplitRows(blocks[:, :, 2:], fields[..., 0], None)
-    return HalfSplitRows(blocks[:, :, 4:], fields[..., 0], fields[..., 1])
+        return HalfSplitRows(blocks[:, :, 2:], _group_major_fields(blocks, 1))
+    return HalfSplitRows(blocks[:, :, 4:], _group_major_fields(blocks, 2))
 
 
 def affine_rows(tensor: CheckpointTensor) -> AffineRows:
