@@ -31,8 +31,9 @@ def llamacpp_python(venv_dir: Path = VENV) -> Path:
            "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 1), "FORCE_CMAKE": "1"}
     # The benchmark's pins (torch etc.) are about loader's environment, not this one.
     env.pop("PIP_CONSTRAINT", None)
-    subprocess.run([str(python), "-m", "pip", "install", "--no-binary", "llama-cpp-python", LLAMA_CPP_PYTHON],
-                   env=env, check=True)
+    # --no-cache-dir: pip's wheel cache is keyed by the sdist, not CMAKE_ARGS, and would hand back an old build
+    subprocess.run([str(python), "-m", "pip", "install", "--no-cache-dir", "--no-binary", "llama-cpp-python",
+                    LLAMA_CPP_PYTHON], env=env, check=True)
     if not _has_binding(python):
         raise RuntimeError(f"{LLAMA_CPP_PYTHON} installed into {venv_dir} but does not import")
     return python
