@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     )
     from .rotary_embedding import ROPE_SCALING_FIELDS, RotaryEmbedding, get_rope
     from .shard_loading import NarrowedPart, OutputPart, ShardId
-    from .vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+    from .vocab_embedding import ParallelLMHead, VocabParallelEmbedding, pad_vocab_size
 
 __all__ = [
     "Attention",
@@ -81,6 +81,7 @@ __all__ = [
     "pack_int4",
     "pack_int4_half_split",
     "pack_int4_half_split_parts",
+    "pad_vocab_size",
     "stack_reduction_slices",
     "param_shape",
     "set_param_layout",
@@ -125,6 +126,7 @@ _HOME = {
     "ShardId": "shard_loading",
     "ParallelLMHead": "vocab_embedding",
     "VocabParallelEmbedding": "vocab_embedding",
+    "pad_vocab_size": "vocab_embedding",
 }
 
 

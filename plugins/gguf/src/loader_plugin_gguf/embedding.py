@@ -47,9 +47,9 @@ from loader.layers import (
     WeightLoader,
     int4_unsupported_reason,
     pack_int4,
+    pad_vocab_size,
     set_param_layout,
 )
-from loader.layers.vocab_embedding import pad_vocab_size
 
 from .dequantize import block_shape, dequantize_into
 from .kernels_legacy import half_at
