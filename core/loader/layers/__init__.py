@@ -24,7 +24,6 @@ if TYPE_CHECKING:
         pack_int4,
         pack_int4_half_split,
         pack_int4_half_split_parts,
-        stack_reduction_slices,
     )
     from .layernorm import RMSNorm
     from .linear import (
@@ -45,7 +44,7 @@ if TYPE_CHECKING:
     )
     from .rotary_embedding import ROPE_SCALING_FIELDS, RotaryEmbedding, get_rope
     from .shard_loading import NarrowedPart, OutputPart, ShardId
-    from .vocab_embedding import ParallelLMHead, VocabParallelEmbedding, pad_vocab_size
+    from .vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 
 __all__ = [
     "Attention",
@@ -81,8 +80,6 @@ __all__ = [
     "pack_int4",
     "pack_int4_half_split",
     "pack_int4_half_split_parts",
-    "pad_vocab_size",
-    "stack_reduction_slices",
     "param_shape",
     "set_param_layout",
     "weight_loader_of",
@@ -100,7 +97,6 @@ _HOME = {
     "pack_int4": "int4_cpu",
     "pack_int4_half_split": "int4_cpu",
     "pack_int4_half_split_parts": "int4_cpu",
-    "stack_reduction_slices": "int4_cpu",
     "ColumnParallelLinear": "linear",
     "LinearBase": "linear",
     "MergedColumnParallelLinear": "linear",
@@ -126,7 +122,6 @@ _HOME = {
     "ShardId": "shard_loading",
     "ParallelLMHead": "vocab_embedding",
     "VocabParallelEmbedding": "vocab_embedding",
-    "pad_vocab_size": "vocab_embedding",
 }
 
 

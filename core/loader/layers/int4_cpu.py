@@ -29,7 +29,7 @@ import attrs
 import torch
 
 __all__ = ["KERNEL_GROUP_SIZES", "Int4CpuWeight", "int4_unsupported_reason", "pack_int4",
-           "pack_int4_half_split", "pack_int4_half_split_parts", "stack_reduction_slices"]
+           "pack_int4_half_split", "pack_int4_half_split_parts"]
 
 KERNEL_GROUP_SIZES = (32, 64, 128, 256)
 _N_MULTIPLE = 16
@@ -50,9 +50,7 @@ def int4_unsupported_reason(out_features: int, in_features: int, group_size: int
 class Int4CpuWeight:
     """One weight ready for CPU matmuls: packed for torch's kernel, or unpacked codes with :attr:`reason`.
 
-    :ivar data: uint8 ``[N, K/2]`` packed by torch, or uint8 codes ``[N, K]`` when unpacked; with
-        :attr:`slices` ``S > 1``, ``[S, N, K/(2 S)]``: slice ``s`` packs input columns
-        ``[s K/S, (s + 1) K/S)`` on its own (:func:`stack_reduction_slices`).
+    :ivar data: uint8 ``[N, K/2]`` packed by torch, or uint8 codes ``[N, K]`` when unpacked.
     :ivar scales_and_zeros: ``[K/group, N, 2]`` in torch's convention (``w = (q - 8) * s + z``).
     :ivar group_size: input columns per group.
     :ivar reason: why the packed kernel is not used (``None`` when it is).
@@ -68,11 +66,6 @@ class Int4CpuWeight:
     def packed(self) -> bool:
         return self.reason is None
 
-    @property
-    def slices(self) -> int:
-        """How many input-column slices :meth:`matmul` reduces separately (1: one kernel call)."""
-        return int(self.data.shape[0]) if self.packed and self.data.dim() == 3 else 1
-
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight ``[N, K]`` (only for unpacked codes: torch's packed layout is opaque)."""
         if self.packed:
@@ -82,51 +75,13 @@ class Int4CpuWeight:
         return w.to(dtype)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """``x @ w.T`` for ``x [..., K]`` in x's dtype (bfloat16, float16 or float32).
-
-        With :attr:`slices` ``> 1`` the result is float32: each slice's
-        product, rounded to x's dtype by the kernel, widened and summed —
-        what ``S`` tensor-parallel ranks holding one slice each add in a
-        float32 all-reduce, so the two agree to that sum's rounding.
-        """
+        """``x @ w.T`` for ``x [..., K]`` in x's dtype (bfloat16, float16 or float32)."""
         if not self.packed:
             return torch.nn.functional.linear(x, self.dequantize(x.dtype))
         flat = x.reshape(-1, self.in_features)
         sz = self.scales_and_zeros if self.scales_and_zeros.dtype == x.dtype else self.scales_and_zeros.to(x.dtype)
-        if self.slices == 1:
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat.contiguous(), self.data, self.group_size, sz)
-            return out.reshape(*x.shape[:-1], out.shape[-1])
-        width, groups = self.in_features // self.slices, sz.shape[0] // self.slices
-        out = None
-        for s in range(self.slices):
-            part = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                flat[:, s * width:(s + 1) * width].contiguous(), self.data[s], self.group_size,
-                sz[s * groups:(s + 1) * groups])
-            out = part.to(torch.float32) if out is None else out.add_(part)
-        assert out is not None
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat.contiguous(), self.data, self.group_size, sz)
         return out.reshape(*x.shape[:-1], out.shape[-1])
-
-
-def stack_reduction_slices(slices: list[Int4CpuWeight]) -> Int4CpuWeight:
-    """One weight from packed weights of consecutive input-column slices (same rows, group size and dtype).
-
-    Why: a kernel call rounds its output to the activations' dtype once per
-    call, so a row-parallel layer split over ``S`` tensor-parallel ranks
-    rounds ``S`` partial sums where one process rounds one. Packed as ``S``
-    slices, the single process rounds (and then adds in float32) exactly the
-    partial sums the ranks do: tp=1 and tp=S give the same logits to float32
-    rounding, as they do for float layers.
-    """
-    first = slices[0]
-    if len(slices) == 1:
-        return first
-    if any(not w.packed for w in slices) or any(
-            (w.data.shape, w.group_size, w.in_features, w.scales_and_zeros.dtype) !=
-            (first.data.shape, first.group_size, first.in_features, first.scales_and_zeros.dtype) for w in slices):
-        raise ValueError("reduction slices must all be packed with the same shape, group size and scale dtype")
-    return Int4CpuWeight(torch.stack([w.data for w in slices]),
-                         torch.cat([w.scales_and_zeros for w in slices]).contiguous(),
-                         first.group_size, first.in_features * len(slices), None)
 
 
 def pack_int4(codes: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, group_size: int,

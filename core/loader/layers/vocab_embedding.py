@@ -85,7 +85,6 @@ class VocabParallelEmbedding(nn.Module):
         self.prefix = prefix
         self.tp_rank = session.tp_rank
         self.tp_size = session.tp_size
-        self.padding_size = padding_size
         self.num_embeddings_padded = pad_vocab_size(num_embeddings, padding_size * self.tp_size)
         self.num_embeddings_per_partition = self.num_embeddings_padded // self.tp_size
         self.vocab_start = self.tp_rank * self.num_embeddings_per_partition

@@ -43,17 +43,15 @@ from loader.layers import (
     EmbeddingMethodBase,
     Int4CpuWeight,
     ParamLayout,
-    VocabParallelEmbedding,
     WeightLoader,
     int4_unsupported_reason,
     pack_int4,
-    pad_vocab_size,
     set_param_layout,
 )
 
 from .dequantize import block_shape, dequantize_into
 from .kernels_legacy import half_at
-from .packed_linear import METHOD_NAME, REDUCTION_SLICES, LayerChoice, kernel_dtype_for
+from .packed_linear import METHOD_NAME, LayerChoice, kernel_dtype_for
 from .q4_blocks import GROUP_SIZE, PACKED_TYPES, affine_rows
 from .tensors import GGUFTensor
 
@@ -104,20 +102,6 @@ def _kept_bytes(state: GGUFEmbeddingState, kernel: str, window: GGUFTensor) -> i
 
 REFINED_LOGITS = 64
 """Top logits per position a Q8_0 head recomputes exactly when its kernel is narrower than the activations."""
-
-
-def _refine_spans(layer: nn.Module) -> list[tuple[int, int]]:
-    """This rank's real vocabulary rows as runs of the rows a tp=:data:`REDUCTION_SLICES` rank would hold.
-
-    At tp=1 the two halves of a tp=2 split (padded as that split pads the vocabulary); at tp=2 and above one
-    run, the rank's own rows. The padding rows never count.
-    """
-    embedding = cast(VocabParallelEmbedding, layer)
-    real = embedding.real_rows
-    if embedding.tp_size != 1 or REDUCTION_SLICES <= 1 or real == 0:
-        return [(0, real)]
-    split = pad_vocab_size(embedding.num_embeddings, embedding.padding_size * REDUCTION_SLICES) // REDUCTION_SLICES
-    return [(start, min(start + split, real)) for start in range(0, real, split)]
 
 
 def _buffer(layer: nn.Module, name: str) -> torch.Tensor:
@@ -327,33 +311,20 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         return out if bias is None else out + bias.to(out.dtype)
 
     def _refine_top(self, layer: nn.Module, x: torch.Tensor, out: torch.Tensor) -> None:
-        """Recompute each position's :data:`REFINED_LOGITS` largest logits exactly, in ``x``'s dtype, in place.
+        """Recompute each position's :data:`REFINED_LOGITS` largest logits exactly, in float32, in place.
 
         The kernel rounds every block's partial product to bfloat16, enough to
         swap near-tied top tokens (SmolLM2: top-1 agreement with the float32
         model 0.973); the true top token is among the kernel's top 64 unless
         the rounding moves a logit by more than the gap to the 64th, so greedy
         decoding sees float32 logits where it looks. The rows come from the
-        exact lookup (:meth:`embedding`): 64 rows per position, not the table.
-
-        Which logits are refined must not depend on the tensor-parallel size,
-        or tp=1 and tp=2 disagree wherever one refined a logit the other did
-        not: each of :func:`_refine_spans` (the real rows a tp=2 rank holds,
-        both halves at tp=1) refines its own top 64, with every logit tied
-        with the 64th (a threshold, not a count, so ties never choose).
+        exact lookup (:meth:`_exact_rows`): 64 rows per position, not the table.
         """
-        for start, end in _refine_spans(layer):
-            values = out[:, start:end]
-            k = min(REFINED_LOGITS, end - start)
-            top = values.topk(k, dim=1)
-            threshold = top.values[:, -1:]
-            chosen = int((values >= threshold).sum(dim=1).max())  # at least k: every logit tied with the k-th
-            if chosen > k:
-                top = values.topk(chosen, dim=1)
-            keep = top.values >= threshold
-            rows = self._exact_rows(layer, self._state(layer), top.indices + start)  # [m, c, cols] float32
-            exact = torch.bmm(rows, x.unsqueeze(-1)).squeeze(-1).to(out.dtype)
-            values.scatter_(1, top.indices, torch.where(keep, exact, top.values))
+        k = min(REFINED_LOGITS, out.shape[1])
+        top = out.topk(k, dim=1).indices  # [m, k]
+        rows = self._exact_rows(layer, self._state(layer), top)  # [m, k, cols] float32
+        exact = torch.bmm(rows, x.unsqueeze(-1)).squeeze(-1)
+        out.scatter_(1, top, exact.to(out.dtype))
 
     @staticmethod
     def _int8_head(layer: nn.Module, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -58,14 +58,12 @@ from loader.layers import (
     ParallelLMHead,
     ParamLayout,
     QuantizationConfig,
-    RowParallelLinear,
     VocabParallelEmbedding,
     WeightLoader,
     int4_unsupported_reason,
     pack_int4,
     pack_int4_half_split_parts,
     set_param_layout,
-    stack_reduction_slices,
 )
 from loader.weights import CheckpointTensor, RowPermutedTensor
 
@@ -78,14 +76,10 @@ if TYPE_CHECKING:
     from loader.checkpoint import LoadOptions
     from loader.layers import NarrowedPart, QuantizeMethodBase
 
-__all__ = ["METHOD_NAME", "REDUCTION_SLICES", "GGUFLayerState", "GGUFLinearMethod", "GGUFQuantConfig", "LayerChoice",
+__all__ = ["METHOD_NAME", "GGUFLayerState", "GGUFLinearMethod", "GGUFQuantConfig", "LayerChoice",
            "kernel_dtype_for", "kernel_dtype_requested", "packing_requested"]
 
 METHOD_NAME = "gguf"
-REDUCTION_SLICES = 2
-"""Input-column slices a packed row-parallel layer (``o_proj``, ``down_proj``) reduces separately across
-all ranks: at tp=1 two kernel calls whose bfloat16 outputs are added in float32, at tp=2 one per rank,
-added by the float32 all-reduce — the same sums (:meth:`GGUFLinearMethod._reduction_slices`)."""
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 _YES, _NO = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 _HALF_SPLIT_NAMES = tuple(t.name for t in HALF_SPLIT_TYPES)
@@ -286,7 +280,7 @@ class GGUFLinearMethod(LinearMethodBase):
         delattr(layer, "weight")
         if reason is None:
             dtype = self._kernel_dtype(state)
-            packed = self._pack([part.narrowed for part in parts], dtype, self._reduction_slices(layer, state))
+            packed = self._pack([part.narrowed for part in parts], dtype)
             layer.register_buffer("packed_weight", packed.data)
             layer.register_buffer("packed_scales_and_zeros", packed.scales_and_zeros)
             size = packed.data.numel() + packed.scales_and_zeros.numel() * packed.scales_and_zeros.element_size()
@@ -327,37 +321,9 @@ class GGUFLinearMethod(LinearMethodBase):
             return attrs.asdict(LayerChoice("int4", types, size))
         return attrs.asdict(LayerChoice("dequantized", types, 0, reason))
 
-    def _reduction_slices(self, layer: nn.Module, state: GGUFLayerState) -> int:
-        """How many input-column slices a single-process row-parallel layer reduces separately.
-
-        :data:`REDUCTION_SLICES` over the whole layer, i.e. as many per rank
-        as leave each of ``tp`` ranks its share: the kernel rounds its output
-        to bfloat16 once per call, so a tp=1 layer computed in one call would
-        round one sum where tp=2 ranks round two halves (relative 2e-3 apart
-        on a tiny Llama). Sliced, tp=1 rounds and adds in float32 exactly the
-        halves the ranks do. Only where the activations are wider than the
-        kernel (float32 around a bfloat16 kernel, GGUF's default): a float32
-        kernel rounds nothing worth slicing, and with bfloat16 activations
-        the sum is rounded to bfloat16 again anyway (sliced, SmolLM2's
-        bfloat16 logits moved from 2.5e-2 to 3.8e-2 of the float32 model's).
-        """
-        if not isinstance(layer, RowParallelLinear) or (
-                self._kernel_dtype(state).itemsize >= state.params_dtype.itemsize):
-            return 1
-        tp_size = max(1, int(layer.tp_size))
-        slices = REDUCTION_SLICES // tp_size if REDUCTION_SLICES % tp_size == 0 else 1
-        if slices <= 1 or state.cols % (slices * GROUP_SIZE) or int4_unsupported_reason(
-                state.rows, state.cols // slices, GROUP_SIZE) is not None:
-            return 1
-        return slices
-
     @staticmethod
-    def _pack(parts: list[CheckpointTensor], dtype: torch.dtype, slices: int = 1) -> Int4CpuWeight:
-        """The layer's parts (in row order) in torch's int4 layout; Q4_0/Q4_1 without unpacking their nibbles.
-
-        ``slices > 1`` packs that many equal input-column slices on their own
-        (:func:`loader.layers.stack_reduction_slices`).
-        """
+    def _pack(parts: list[CheckpointTensor], dtype: torch.dtype) -> Int4CpuWeight:
+        """The layer's parts (in row order) in torch's int4 layout; Q4_0/Q4_1 without unpacking their nibbles."""
         if all(p.stored_type in _HALF_SPLIT_NAMES for p in parts):
             split = [half_split_rows(p) for p in parts]
             groups = int(split[0].qs.shape[1])
@@ -366,19 +332,12 @@ class GGUFLinearMethod(LinearMethodBase):
             for h in split:  # each part's fields straight into the layer's scales, in the kernel's dtype
                 h.scales_and_zeros_into(scales_and_zeros[:, start:start + h.qs.shape[0]])
                 start += int(h.qs.shape[0])
-            step = groups // slices
-            return stack_reduction_slices([
-                pack_int4_half_split_parts([h.qs[:, g:g + step] for h in split], scales_and_zeros[g:g + step])
-                for g in range(0, groups, step)])
+            return pack_int4_half_split_parts([h.qs for h in split], scales_and_zeros)
         decoded = [affine_rows(p) for p in parts]
         codes = torch.cat([d.codes for d in decoded])
         scales = torch.cat([d.scales for d in decoded], dim=1)
         biases = torch.cat([d.biases for d in decoded], dim=1)
-        step = scales.shape[0] // slices
-        return stack_reduction_slices([
-            pack_int4(codes[:, g * GROUP_SIZE:(g + step) * GROUP_SIZE], scales[g:g + step], biases[g:g + step],
-                      GROUP_SIZE, dtype)
-            for g in range(0, scales.shape[0], step)])
+        return pack_int4(codes, scales, biases, GROUP_SIZE, dtype)
 
     def int4_weight(self, layer: nn.Module) -> Int4CpuWeight | None:
         """The layer's packed weight (built on its current buffers), ``None`` when it was dequantized."""

@@ -154,12 +154,7 @@ def swap_linears(hf_model: nn.Module, *, architecture: str, plan: Mapping[str, s
         if not isinstance(module, kinds) or module is head:
             continue
         relative = name.removeprefix(f"{base_prefix}.") if base_prefix else name
-        # At tp=1 too the plan picks the layer class (each then computes as a plain linear): a quantize
-        # method may reduce a row-parallel layer as its tp>1 ranks do (GGUF's reduction slices), so the
-        # fallback computes what a native class of the same layers does.
-        style = plan_style(relative, plan or {})
-        if style is not None and style not in SUPPORTED_STYLES and tp == 1:
-            style = None
+        style = plan_style(relative, plan or {}) if tp > 1 else None
         if style is not None and style not in SUPPORTED_STYLES:
             raise UnsupportedError(
                 f"{architecture}: base_model_tp_plan gives {relative} the style {style!r}; the transformers "
