@@ -322,3 +322,23 @@ def test_a_layer_plan_of_a_gguf_file_is_the_default_load_s_method_not_dense(tmp_
     dense = plan_layers(str(path), dtype="float32")
     assert dense["quantization"] is None
     assert {record["kernel"] for name, record in dense["layers"].items() if "layers." in name} == {"dense"}
+
+
+@pytest.mark.parametrize(("size", "count"), [(18, 1), (20, 2)], ids=["Q4_0", "Q4_1"])
+def test_block_fields_read_as_words_or_copied_out_of_unaligned_bytes_are_the_same(size, count):
+    """The d (and m) of every block, group-major: read as one 2/4-byte word where the blocks are aligned, copied
+    out first where they are not (a window starting at an odd byte) — the same float16 values either way."""
+    from loader_plugin_gguf.q4_blocks import _group_major_fields
+
+    generator = torch.Generator().manual_seed(size)
+    rows, groups = 6, 3
+    halves = torch.rand(rows, groups, count, generator=generator).to(torch.float16)
+    blocks = torch.randint(0, 256, (rows, groups, size), dtype=torch.uint8, generator=generator)
+    blocks[..., :2 * count] = halves.view(torch.uint8).view(rows, groups, 2 * count)
+    aligned = _group_major_fields(blocks, count)
+    storage = torch.empty(blocks.numel() + 1, dtype=torch.uint8)
+    storage[1:] = blocks.reshape(-1)
+    unaligned = storage[1:].view(rows, groups, size)  # storage offset 1: no word view
+    assert unaligned.storage_offset() == 1
+    expected = halves.permute(1, 0, 2)
+    assert torch.equal(aligned, expected) and torch.equal(_group_major_fields(unaligned, count), expected)
