@@ -68,6 +68,7 @@ def loader_process_weights_after_loading(
     model: nn.Module, quant_config: QuantizationConfig | None, target_device: torch.device
 ) -> None:
     from ..layers.quantization import QuantizeMethodBase
+    from .materialize import parameter_bytes
 
     since_trim = 0
     for module in model.modules():
@@ -75,14 +76,8 @@ def loader_process_weights_after_loading(
         if isinstance(method, QuantizeMethodBase):
             with device_loading_context(module, target_device):
                 method.process_weights_after_loading(module)
-            since_trim += _tensor_bytes(module)
+            since_trim += parameter_bytes(module)
             if since_trim >= TRIM_AFTER_BYTES:
                 release_freed_heap()
                 since_trim = 0
     release_freed_heap()
-
-
-def _tensor_bytes(module: nn.Module) -> int:
-    """Bytes of the module's own parameters and buffers (what its processing built, roughly its temporaries)."""
-    own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
-    return sum(t.numel() * t.element_size() for t in own)

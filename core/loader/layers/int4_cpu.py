@@ -98,9 +98,18 @@ def pack_int4(codes: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, g
     if k % group_size or scales.shape != (k // group_size, n) or biases.shape != scales.shape:
         raise ValueError(f"codes {tuple(codes.shape)}, scales {tuple(scales.shape)} and biases "
                          f"{tuple(biases.shape)} do not describe groups of {group_size} input columns")
+    return _pack_codes(codes, _scales_and_zeros(scales, biases, dtype), group_size)
+
+
+def _scales_and_zeros(scales: torch.Tensor, biases: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[groups, N, 2]`` in ``dtype``, torch's convention: ``zero = bias + 8 scale``, computed in float32."""
     s = scales.to(torch.float32)
-    zeros = biases.to(torch.float32) + 8 * s
-    scales_and_zeros = torch.stack([s, zeros], dim=-1).to(dtype).contiguous()
+    return torch.stack([s, biases.to(torch.float32) + 8 * s], dim=-1).to(dtype).contiguous()
+
+
+def _pack_codes(codes: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int) -> Int4CpuWeight:
+    """Codes ``[N, K]`` in torch's layout (or kept unpacked, with the reason) beside their scales and zeros."""
+    n, k = (int(s) for s in codes.shape)
     reason = int4_unsupported_reason(n, k, group_size)
     if reason is not None:
         return Int4CpuWeight(codes.to(torch.uint8).contiguous(), scales_and_zeros, group_size, k, reason)
@@ -141,9 +150,7 @@ def pack_int4_half_split(qs: torch.Tensor, scales: torch.Tensor, biases: torch.T
     if scales.shape != (groups, n) or biases.shape != scales.shape:
         raise ValueError(f"scales {tuple(scales.shape)} and biases {tuple(biases.shape)} do not match "
                          f"half-split codes {tuple(qs.shape)}")
-    s = scales.to(torch.float32)
-    scales_and_zeros = torch.stack([s, biases.to(torch.float32) + 8 * s], dim=-1).to(dtype).contiguous()
-    return pack_int4_half_split_parts([qs], scales_and_zeros)
+    return pack_int4_half_split_parts([qs], _scales_and_zeros(scales, biases, dtype))
 
 
 def pack_int4_half_split_parts(parts: Sequence[torch.Tensor], scales_and_zeros: torch.Tensor) -> Int4CpuWeight:
@@ -168,14 +175,9 @@ def pack_int4_half_split_parts(parts: Sequence[torch.Tensor], scales_and_zeros: 
         raise ValueError(f"scales and zeros {tuple(scales_and_zeros.shape)} do not match {len(parts)} half-split "
                          f"parts of {n} rows and {groups} groups")
     block_n = _torch_block_n()
-    reason = int4_unsupported_reason(n, k, HALF_SPLIT_GROUP)
-    if reason is not None or block_n is None:
+    if int4_unsupported_reason(n, k, HALF_SPLIT_GROUP) is not None or block_n is None:
         qs = parts[0] if len(parts) == 1 else torch.cat(list(parts))
-        codes = torch.cat((qs & 0x0F, qs >> 4), dim=2).reshape(n, k)
-        if reason is not None:
-            return Int4CpuWeight(codes.contiguous(), scales_and_zeros, HALF_SPLIT_GROUP, k, reason)
-        data = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
-        return Int4CpuWeight(data, scales_and_zeros, HALF_SPLIT_GROUP, k, None)
+        return _pack_codes(torch.cat((qs & 0x0F, qs >> 4), dim=2).reshape(n, k), scales_and_zeros, HALF_SPLIT_GROUP)
     return Int4CpuWeight(_int4pack_from_half_split(parts, block_n), scales_and_zeros, HALF_SPLIT_GROUP, k, None)
 
 
