@@ -153,13 +153,16 @@ def write_gguf(path: Path, model: Any, family: str, *, qtype: GGMLQuantizationTy
                tokenizer: str = "gpt2", pre: str | None = "default",
                metadata: dict[str, Any] | None = None, skip_tensors: tuple[str, ...] = (),
                split_max_tensors: int = 0, tensor_types: dict[str, GGMLQuantizationType] | None = None,
-               extra_tensors: dict[str, np.ndarray] | None = None) -> Path:
+               extra_tensors: dict[str, np.ndarray] | None = None,
+               quantized_as: dict[str, GGMLQuantizationType] | None = None) -> Path:
     """Convert a tiny HF ``model`` of ``family`` to a GGUF file at ``path``; return ``path``.
 
     With ``split_max_tensors``, gguf-py writes a split set ``<stem>-0000i-of-0000n.gguf`` beside
     ``path`` instead (as llama.cpp's ``gguf-split`` does); the first part is returned.
     ``tensor_types`` stores the named GGUF tensors as random blocks of another type (for refusal
-    tests); ``extra_tensors`` adds F32 tensors the model does not have.
+    tests); ``quantized_as`` quantizes the named GGUF tensors' own values to another type than ``qtype``
+    (a file mixing types, as llama.cpp's ``_M`` mixes write); ``extra_tensors`` adds F32 tensors the model
+    does not have.
     """
     config = model.config
     arch = _GGUF_ARCH[family]
@@ -233,7 +236,7 @@ def write_gguf(path: Path, model: Any, family: str, *, qtype: GGMLQuantizationTy
             writer.add_tensor(name, random_blocks(other, values.size // block).reshape(values.shape[0], -1),
                               raw_dtype=other)
         else:
-            add_weight(writer, name, values, qtype)
+            add_weight(writer, name, values, (quantized_as or {}).get(name, qtype))
     finish(writer, extra_tensors)
     parts = sorted(path.parent.glob(f"{path.stem}-*-of-*.gguf"))
     return parts[0] if split_max_tensors and parts else path

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 import loader
 from loader._pipeline.plan import plan_layers
@@ -83,15 +84,34 @@ def test_a_tied_q4_embedding_plans_blocks_and_the_head_s_int4(tmp_path):
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_each_tp_rank_plans_its_own_share(tmp_path, rank):
-    """tp=2: down_proj's 96 input features give each rank 48, which cuts a Q4_0 group; gate/up stay packed."""
+    """tp=2: down_proj's 96 input features give each rank 48, which would cut a Q4_0 group, so each rank keeps
+    32 of its 64 output rows over all 96 (packed); gate/up keep their rows."""
     config = tiny_config("llama", vocab_size=288, rope_scaling=None, intermediate_size=96)
     path = write_gguf(tmp_path / "tp.gguf", build_model("llama", config), "llama", qtype=Q.Q4_0)
     with simulated_tp(rank, 2):
         plan = plan_layers(str(path))["layers"]
         _, report = loader.load_model_with_report(str(path))
     assert plan == report.quantization["layers"]
-    assert plan["model.layers.0.mlp.down_proj"]["reason"] == "the tensor parallel split cuts a 32-value group"
+    assert plan["model.layers.0.mlp.down_proj"]["kernel"] == "int4"
+    assert plan["model.layers.0.mlp.down_proj"]["packed_bytes"] == 32 * 96 // 2 + 3 * 32 * 2 * 2
     assert plan["model.layers.0.mlp.gate_up_proj"]["packed_bytes"] == 96 * 64 // 2 + 2 * 96 * 2 * 2
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_row_parallel_layer_neither_half_of_which_packs_is_dequantized_by_its_columns(tmp_path, rank):
+    """down_proj 80 x 96 at tp=2: 40 rows a rank are no multiple of 16 and 48 columns cut a Q4_0 group, so the
+    plan and the load both dequantize this rank's columns and say why."""
+    config = tiny_config("llama", vocab_size=288, hidden_size=80, intermediate_size=96, rope_scaling=None)
+    path = write_gguf(tmp_path / "neither.gguf", build_model("llama", config), "llama", qtype=Q.F16,
+                      quantized_as={"blk.0.ffn_down.weight": Q.Q4_0})
+    with simulated_tp(rank, 2):
+        plan = plan_layers(str(path))["layers"]
+        shard, report = loader.load_model_with_report(str(path))
+    assert plan == report.quantization["layers"]
+    assert plan["model.layers.0.mlp.down_proj"]["reason"] == "the tensor parallel split cuts a 32-value group"
+    down = dict(shard.named_modules())["model.layers.0.mlp.down_proj"].weight
+    dense = dict(loader.load_model(str(path), dtype="float32").named_modules())["model.layers.0.mlp.down_proj"]
+    assert torch.equal(down, dense.weight[:, 48 * rank:48 * (rank + 1)])
 
 
 def test_a_forced_dequantize_load_plans_no_gguf_layers(mixed):

@@ -104,7 +104,9 @@ def test_other_block_types_fall_back_per_layer_with_the_reason(tiny_gguf):
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_each_tp_rank_packs_its_own_rows_and_columns(tiny_gguf, rank):
+def test_each_tp_rank_packs_its_own_rows_and_a_row_parallel_layer_keeps_whole_rows(tiny_gguf, rank):
+    """Column-parallel layers keep this rank's rows; a row-parallel one (down_proj) keeps this rank's output
+    rows over every input column too, so each rank computes whole outputs as tp=1 does."""
     path, _ = tiny_gguf("llama", Q.Q4_1, rope_scaling=None)
     whole = loader.load_model(str(path), dtype="float32", quantization="gguf")
     with simulated_tp(rank, 2):
@@ -115,7 +117,7 @@ def test_each_tp_rank_packs_its_own_rows_and_columns(tiny_gguf, rank):
                               v[16 * rank:16 * (rank + 1)]])
     assert torch.equal(_packed(shard, "model.layers.1.self_attn.qkv_proj"), expected_qkv)
     down = _packed(whole, "model.layers.0.mlp.down_proj")
-    assert torch.equal(_packed(shard, "model.layers.0.mlp.down_proj"), down[:, 64 * rank:64 * (rank + 1)])
+    assert torch.equal(_packed(shard, "model.layers.0.mlp.down_proj"), down[32 * rank:32 * (rank + 1)])
 
 
 def test_a_non_gguf_checkpoint_is_refused_by_name(tmp_path):
@@ -281,8 +283,8 @@ def test_a_row_length_that_is_not_whole_blocks_is_a_named_error_on_the_default_l
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_a_tp_split_inside_a_q4_k_super_block_keeps_its_32_groups_packed(tiny_gguf, rank):
-    """hidden 256 at tp=2: o_proj's rank holds 128 columns, half of each 256-value super-block."""
+def test_a_q4_k_row_parallel_layer_at_tp2_keeps_whole_super_blocks_of_its_rows(tiny_gguf, rank):
+    """hidden 256 at tp=2: o_proj and down_proj keep 128 output rows each over every 256-value super-block."""
     path, _ = tiny_gguf("llama", Q.Q4_K, rope_scaling=None, hidden_size=256, intermediate_size=512)
     whole = loader.load_model(str(path))
     with simulated_tp(rank, 2):
@@ -290,8 +292,26 @@ def test_a_tp_split_inside_a_q4_k_super_block_keeps_its_32_groups_packed(tiny_gg
     assert report.quantization["kernels"] == {"int4": 8, "blocks": 1}
     for name in ("model.layers.0.self_attn.o_proj", "model.layers.1.mlp.down_proj"):
         full = _packed(whole, name)
-        width = full.shape[1] // 2
-        assert torch.equal(_packed(shard, name), full[:, width * rank:width * (rank + 1)])
+        assert torch.equal(_packed(shard, name), full[128 * rank:128 * (rank + 1)])
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_K])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_row_parallel_layer_whose_rank_rows_the_kernel_refuses_keeps_its_columns_packed(tmp_path, qtype, rank):
+    """down_proj of 80 rows: 40 a rank is no multiple of 16, so each rank keeps half the input columns packed
+    instead (Q4_K: 128 of 256, half of each super-block, whose 32-value groups are kept)."""
+    from tests.helpers.gguf_files import write_gguf
+    from tests.helpers.hf_checkpoints import build_model, tiny_config
+
+    config = tiny_config("llama", vocab_size=288, hidden_size=80, intermediate_size=256, rope_scaling=None)
+    path = write_gguf(tmp_path / "narrow.gguf", build_model("llama", config), "llama", qtype=Q.F16,
+                      quantized_as={"blk.0.ffn_down.weight": qtype})
+    whole = loader.load_model(str(path))
+    with simulated_tp(rank, 2):
+        shard, report = loader.load_model_with_report(str(path))
+    assert report.quantization["layers"]["model.layers.0.mlp.down_proj"]["kernel"] == "int4"
+    full = _packed(whole, "model.layers.0.mlp.down_proj")
+    assert torch.equal(_packed(shard, "model.layers.0.mlp.down_proj"), full[:, 128 * rank:128 * (rank + 1)])
 
 
 def test_the_default_packed_load_through_the_transformers_fallback_equals_the_native_class(tiny_gguf):

@@ -48,6 +48,7 @@ from loader.layers import (
     pack_int4,
     set_param_layout,
 )
+from loader.models import all_gather
 
 from .dequantize import block_shape, dequantize_into
 from .kernels_legacy import half_at
@@ -82,6 +83,8 @@ class GGUFEmbeddingState:
     ggml_type: int | None = None
     kernel_dtype: torch.dtype = torch.bfloat16
     choice: LayerChoice | None = None
+    real_rows: int = 0
+    """This rank's rows that hold vocabulary entries (the rest pad the table to the TP split)."""
 
 
 def _kept_bytes(state: GGUFEmbeddingState, kernel: str, window: GGUFTensor) -> int:
@@ -162,6 +165,7 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         kernel, reason = self._decide(state, window, device)
         types = (window.stored_type,)
         real = window.shape[0]
+        state.real_rows = real
         delattr(layer, "weight")
         if kernel == "dequantized":
             dense = torch.zeros(state.rows, state.cols, dtype=state.params_dtype, device=device)
@@ -319,12 +323,23 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         the rounding moves a logit by more than the gap to the 64th, so greedy
         decoding sees float32 logits where it looks. The rows come from the
         exact lookup (:meth:`_exact_rows`): 64 rows per position, not the table.
+        Under tensor parallelism each rank refines those of its rows that are
+        among the whole vocabulary's top 64 (the ranks' top values gathered),
+        so the logits are tp=1's; padding rows are never picked.
         """
+        state = self._state(layer)
         k = min(REFINED_LOGITS, out.shape[1])
-        top = out.topk(k, dim=1).indices  # [m, k]
-        rows = self._exact_rows(layer, self._state(layer), top)  # [m, k, cols] float32
-        exact = torch.bmm(rows, x.unsqueeze(-1)).squeeze(-1)
-        out.scatter_(1, top, exact.to(out.dtype))
+        scores = out
+        if state.real_rows < out.shape[1]:
+            scores = out.clone()
+            scores[:, state.real_rows:] = float("-inf")
+        values, top = scores.topk(k, dim=1)  # [m, k]
+        rows = self._exact_rows(layer, state, top)  # [m, k, cols] float32
+        exact = torch.bmm(rows, x.unsqueeze(-1)).squeeze(-1).to(out.dtype)
+        if int(getattr(layer, "tp_size", 1)) > 1:
+            threshold = all_gather(values, dim=1).topk(k, dim=1).values[:, -1:]
+            exact = torch.where(values >= threshold, exact, out.gather(1, top))
+        out.scatter_(1, top, exact)
 
     @staticmethod
     def _int8_head(layer: nn.Module, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -2,8 +2,9 @@
 
 Usage: ``python -m torch.distributed.run --nproc-per-node N tp_gguf.py OUT FILE...``; writes
 ``OUT/rank<R>.json`` mapping each file to ``{"logits": path, "bytes_read": n, "packed_logits": path,
-"exact_packed_logits": path}``: float32 dequantized, then the default load (packed where a kernel exists),
-then packed with the kernel computing in float32 (``format_options={"kernel_dtype": "float32"}``).
+"exact_packed_logits": path}`` and each packed load's per-layer kernels (``"<key>_layers"``): float32
+dequantized, then the default load (packed where a kernel exists), then packed with the kernel computing in
+float32 (``format_options={"kernel_dtype": "float32"}``).
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ def main(out: Path, files: list[str]) -> None:
         torch.save(logits, saved)
         results[file] = {"logits": str(saved), "bytes_read": report.bytes_read, "tp_size": report.tp_size}
         for key, options in (("packed_logits", None), ("exact_packed_logits", {"kernel_dtype": "float32"})):
-            packed = load_model_with_report(file, format_options=options)[0]
+            packed, packed_report = load_model_with_report(file, format_options=options)
             with torch.no_grad():
                 packed_logits = packed(ids)
             packed_saved = out / f"{i}-rank{rank}-{key}.pt"
             torch.save(packed_logits, packed_saved)
             results[file][key] = str(packed_saved)
+            results[file][f"{key}_layers"] = {name: layer["kernel"] for name, layer in
+                                              packed_report.quantization["layers"].items()}
     (out / f"rank{rank}.json").write_text(json.dumps(results))
 
 
