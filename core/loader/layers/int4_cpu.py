@@ -204,21 +204,24 @@ def _pair_nibbles_into(first: torch.Tensor, second: torch.Tensor, low_rows: torc
 
 
 def _by_column(parts: Sequence[torch.Tensor], n: int, block_n: int) -> torch.Tensor:
-    """The first ``n // block_n`` row blocks of the parts' rows transposed to ``[B, G, 16, block_n]`` bytes.
+    """The first ``n // block_n`` row blocks of the parts' rows transposed to ``[B, 2, G, 16, block_n / 2]`` bytes.
 
+    Each block's two halves of rows (the rows a byte of torch's layout pairs) land in two contiguous planes, so
+    the nibble pairing runs over long contiguous words (interleaved halves were 4-word runs, ~3x slower).
     Every part but the last holds whole blocks (:func:`_int4pack_from_half_split` sees to it), so each is
     copied straight into its own blocks.
     """
     groups = int(parts[0].shape[1])
     blocks = n // block_n
-    by_column = torch.empty(blocks, groups, 16, block_n, dtype=torch.uint8, device=parts[0].device)
+    half = block_n // 2
+    by_column = torch.empty(blocks, 2, groups, 16, half, dtype=torch.uint8, device=parts[0].device)
     start = 0
     for part in parts:
         size = int(part.shape[0])
         whole = min(size, blocks * block_n - start) // block_n
         if whole > 0:
             first = start // block_n
-            source = part[:whole * block_n].view(whole, block_n, groups, 16).permute(0, 2, 3, 1)
+            source = part[:whole * block_n].view(whole, 2, half, groups, 16).permute(0, 1, 3, 4, 2)
             by_column[first:first + whole].copy_(source)
         start += size
     return by_column
@@ -228,9 +231,9 @@ def _int4pack_from_half_split(parts: Sequence[torch.Tensor], block_n: int) -> to
     """:func:`_int4pack_bytes`'s layout (see there) from half-split codes ``[N_i, G, 16]``, rows in parts.
 
     Parts whose boundaries fall inside a row block are concatenated first. One byte-level pass transposes
-    each block of ``block_n`` rows to ``[G, 16, block_n]`` (straight from the parts, strided or not), so the
-    rows a byte pairs (``j`` and ``j + block_n / 2``) sit in the two halves of one line; the nibbles are then
-    paired on 64-bit words written straight into torch's layout.
+    each block of ``block_n`` rows to ``[2, G, 16, block_n / 2]`` (straight from the parts, strided or not), so
+    the rows a byte pairs (``j`` and ``j + block_n / 2``) sit at the same place of two planes; the nibbles are
+    then paired on 64-bit words written straight into torch's layout.
     """
     groups = int(parts[0].shape[1])
     n = sum(int(part.shape[0]) for part in parts)
@@ -241,10 +244,9 @@ def _int4pack_from_half_split(parts: Sequence[torch.Tensor], block_n: int) -> to
         parts = [torch.cat(list(parts))]
     out = torch.empty(n * k // 2, dtype=torch.uint8, device=device)
     if full:
-        words = _by_column(parts, n, block_n).view(torch.int64)  # [B, G, 16, block_n / 8]
-        half = block_n // 16
+        words = _by_column(parts, n, block_n).view(torch.int64)  # [B, 2, G, 16, block_n / 16]
         packed = out[: full * k // 2].view(full // block_n, groups, 2, 16, block_n // 2).view(torch.int64)
-        _pair_nibbles_into(packed[:, :, 0], packed[:, :, 1], words[..., :half], words[..., half:])
+        _pair_nibbles_into(packed[:, :, 0], packed[:, :, 1], words[:, 0], words[:, 1])
     if full < n:  # the last rows (a multiple of 16, all in the last part) pair adjacent rows: [K, T / 2] bytes
         last = parts[-1]
         tail = torch.empty(groups, 16, n - full, dtype=torch.uint8, device=device)
