@@ -46,7 +46,7 @@ def test_looked_up_rows_are_gguf_py_dequantization_bit_for_bit(tiny_gguf, qtype)
     loaded, report = loader.load_model_with_report(str(path))
     record = report.quantization["layers"]["model.embed_tokens"]
     assert record == {"kernel": "int8" if qtype == Q.Q8_0 else "blocks", "types": (qtype.name,),
-                      "packed_bytes": record["packed_bytes"], "reason": None}
+                      "packed_bytes": record["packed_bytes"], "reason": None, "dtype": None}
     assert 0 < record["packed_bytes"] <= model.config.vocab_size * 256 * 4 * 0.6  # float32 would be 4 B/value
     assert not any("embed_tokens" in name for name, _ in loaded.named_parameters())
     ids = _ids(model.config.vocab_size)

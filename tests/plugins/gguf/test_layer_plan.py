@@ -52,13 +52,15 @@ def test_inspect_plans_each_layer_exactly_as_the_load_records_it(mixed):
     assert plan == records
     assert plan["model.layers.0.self_attn.qkv_proj"] == {
         "kernel": "int4", "types": ["Q4_K", "Q4_0", "Q4_1"], "packed_bytes": 512 * 256 // 2 + 8 * 512 * 2 * 2,
-        "reason": None}
+        "reason": None, "dtype": None}
     assert plan["model.layers.0.self_attn.o_proj"]["reason"] == "ggml type Q6_K has no packed int4 kernel"
     assert plan["model.layers.1.self_attn.qkv_proj"]["reason"] == "part 'v': ggml type Q8_0 has no packed int4 kernel"
+    assert plan["model.layers.0.self_attn.o_proj"]["dtype"] == "bfloat16"  # dtype auto: the kernel's, not float32
     assert plan["model.layers.0.mlp.down_proj"]["reason"] == "ggml type F16 has no packed int4 kernel"
+    assert plan["model.layers.0.mlp.down_proj"]["dtype"] == "float32"  # a float tensor keeps the load's dtype
     assert plan["model.layers.1.mlp.gate_up_proj"] == {
         "kernel": "dequantized", "types": ["Q4_K", "Q4_1"], "packed_bytes": 0,
-        "reason": "output features 72 are not a multiple of 16"}
+        "reason": "output features 72 are not a multiple of 16", "dtype": "bfloat16"}
     assert plan["model.layers.1.self_attn.o_proj"]["kernel"] == "int4"
     assert plan["model.embed_tokens"]["kernel"] == "int8"
 
@@ -98,9 +100,9 @@ def test_each_tp_rank_plans_its_own_share(tmp_path, rank):
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_a_row_parallel_layer_neither_half_of_which_packs_is_dequantized_by_its_columns(tmp_path, rank):
+def test_a_row_parallel_layer_neither_half_of_which_packs_is_dequantized_keeping_its_rows(tmp_path, rank):
     """down_proj 80 x 96 at tp=2: 40 rows a rank are no multiple of 16 and 48 columns cut a Q4_0 group, so the
-    plan and the load both dequantize this rank's columns and say why."""
+    plan and the load both dequantize this rank's 40 rows over all 96 columns and say why for each split."""
     config = tiny_config("llama", vocab_size=288, hidden_size=80, intermediate_size=96, rope_scaling=None)
     path = write_gguf(tmp_path / "neither.gguf", build_model("llama", config), "llama", qtype=Q.F16,
                       quantized_as={"blk.0.ffn_down.weight": Q.Q4_0})
@@ -108,10 +110,12 @@ def test_a_row_parallel_layer_neither_half_of_which_packs_is_dequantized_by_its_
         plan = plan_layers(str(path))["layers"]
         shard, report = loader.load_model_with_report(str(path))
     assert plan == report.quantization["layers"]
-    assert plan["model.layers.0.mlp.down_proj"]["reason"] == "the tensor parallel split cuts a 32-value group"
+    assert plan["model.layers.0.mlp.down_proj"]["reason"] == (
+        "this rank's rows: output features 40 are not a multiple of 16; "
+        "its columns: the tensor parallel split cuts a 32-value group")
     down = dict(shard.named_modules())["model.layers.0.mlp.down_proj"].weight
     dense = dict(loader.load_model(str(path), dtype="float32").named_modules())["model.layers.0.mlp.down_proj"]
-    assert torch.equal(down, dense.weight[:, 48 * rank:48 * (rank + 1)])
+    assert torch.equal(down, dense.weight[40 * rank:40 * (rank + 1)].to(torch.bfloat16))
 
 
 def test_a_forced_dequantize_load_plans_no_gguf_layers(mixed):

@@ -103,6 +103,40 @@ def test_other_block_types_fall_back_per_layer_with_the_reason(tiny_gguf):
         assert torch.equal(model(ids), loader.load_model(str(path), dtype="float32")(ids))
 
 
+def test_a_default_load_dequantizes_what_cannot_stay_packed_to_bfloat16_and_float_tensors_to_float32(tmp_path):
+    """A Q4_K_M-style file (Q6_K and Q8_0 layers among Q4_K): with dtype auto those layers hold bfloat16, half
+    of float32's bytes, and compute in it (activations cast as for the packed kernel); an F16 layer keeps
+    float32; ``dtype="float32"`` by name keeps float32 everywhere, exactly as before."""
+    from tests.helpers.gguf_files import write_gguf
+    from tests.helpers.hf_checkpoints import build_model, tiny_config
+
+    config = tiny_config("llama", vocab_size=288, hidden_size=256, intermediate_size=512, rope_scaling=None)
+    types = {"blk.0.attn_v.weight": Q.Q6_K, "blk.0.ffn_down.weight": Q.Q6_K, "blk.1.attn_output.weight": Q.Q8_0,
+             "blk.1.ffn_down.weight": Q.F16}
+    path = write_gguf(tmp_path / "k_m.gguf", build_model("llama", config), "llama", qtype=Q.Q4_K,
+                      quantized_as=types)
+    model, report = loader.load_model_with_report(str(path))
+    modules = dict(model.named_modules())
+    layers = report.quantization["layers"]
+    assert report.quantization["dense_dtype"] == "bfloat16"
+    for name in ("model.layers.0.self_attn.qkv_proj", "model.layers.0.mlp.down_proj",
+                 "model.layers.1.self_attn.o_proj"):
+        assert layers[name]["kernel"] == "dequantized" and layers[name]["dtype"] == "bfloat16", name
+        assert modules[name].weight.dtype == torch.bfloat16
+    assert layers["model.layers.1.mlp.down_proj"]["dtype"] == "float32"
+    assert modules["model.layers.1.mlp.down_proj"].weight.dtype == torch.float32
+    ids = torch.randint(0, 288, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = loader.load_model(str(path), dtype="float32")(ids)
+        got = model(ids)
+    assert got.dtype == torch.float32
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.98
+    assert relative_error(got, expected) <= 3e-2
+    kept_float32, forced = loader.load_model_with_report(str(path), dtype="float32", quantization="gguf")
+    assert forced.quantization["dense_dtype"] is None
+    assert dict(kept_float32.named_modules())["model.layers.1.self_attn.o_proj"].weight.dtype == torch.float32
+
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_each_tp_rank_packs_its_own_rows_and_a_row_parallel_layer_keeps_whole_rows(tiny_gguf, rank):
     """Column-parallel layers keep this rank's rows; a row-parallel one (down_proj) keeps this rank's output

@@ -52,7 +52,7 @@ from loader.models import all_gather
 
 from .dequantize import block_shape, dequantize_into
 from .kernels_legacy import half_at
-from .packed_linear import METHOD_NAME, LayerChoice, kernel_dtype_for
+from .packed_linear import METHOD_NAME, LayerChoice, dtype_name, kernel_dtype_for
 from .q4_blocks import GROUP_SIZE, PACKED_TYPES, affine_rows
 from .tensors import GGUFTensor
 
@@ -171,7 +171,7 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
             dense = torch.zeros(state.rows, state.cols, dtype=state.params_dtype, device=device)
             dense[:real].copy_(window.read(state.params_dtype))
             layer.register_parameter("weight", torch.nn.Parameter(dense, requires_grad=False))
-            state.choice = LayerChoice(kernel, types, 0, reason)
+            state.choice = LayerChoice(kernel, types, 0, reason, dtype_name(state.params_dtype))
         elif kernel == "int8":
             state.choice = LayerChoice(kernel, types, self._keep_q8_0(layer, state, window))
         else:
@@ -214,7 +214,8 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
             assert isinstance(window, GGUFTensor)
             kernel, reason = self._decide(state, window, current_session().device)
             size = _kept_bytes(state, kernel, window)
-            return attrs.asdict(LayerChoice(kernel, (window.stored_type,), size, reason))
+            dtype = dtype_name(state.params_dtype) if kernel == "dequantized" else None
+            return attrs.asdict(LayerChoice(kernel, (window.stored_type,), size, reason, dtype))
         finally:
             state.part = None
 

@@ -20,9 +20,12 @@ Q8_0, F16, ...: torch's int8 weight-only kernel ``_weight_int8pack_mm`` takes
 one scale per output row, which cannot express their per-16/32-value scales
 exactly), a TP split cuts a block, the kernel refuses the shape, or the target
 device is not the CPU — one layer at a time, so a Q4_K_M-style file mixing
-types keeps what it can packed. Every reason is decided from block types and
-shapes before a block is read, so ``loader inspect --layers`` plans each layer
-from the header alone (:meth:`GGUFLinearMethod.layer_plan`, :mod:`.layer_plan`).
+types keeps what it can packed. With ``dtype="auto"`` a fallback layer of
+quantized blocks holds the kernel's dtype (bfloat16) rather than float32
+(:attr:`GGUFQuantConfig.dense_dtype`; float tensors keep the layer's dtype).
+Every reason is decided from block types and shapes before a block is read,
+so ``loader inspect --layers`` plans each layer from the header alone
+(:meth:`GGUFLinearMethod.layer_plan`, :mod:`.layer_plan`).
 
 The kernel computes in bfloat16 (float16 when the load dtype is float16): in
 float32 it is ten to a hundred times slower (``format_options={"kernel_dtype":
@@ -87,8 +90,8 @@ if TYPE_CHECKING:
     from loader.checkpoint import LoadOptions
     from loader.layers import NarrowedPart, QuantizeMethodBase
 
-__all__ = ["METHOD_NAME", "GGUFLayerState", "GGUFLinearMethod", "GGUFQuantConfig", "LayerChoice",
-           "kernel_dtype_for", "kernel_dtype_requested", "packing_requested"]
+__all__ = ["METHOD_NAME", "GGUFLayerState", "GGUFLinearMethod", "GGUFQuantConfig", "LayerChoice", "RankSplit",
+           "dtype_name", "kernel_dtype_for", "kernel_dtype_requested", "packing_requested"]
 
 METHOD_NAME = "gguf"
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
@@ -142,12 +145,24 @@ def kernel_dtype_requested(options: LoadOptions) -> torch.dtype | None:
 
 @attrs.frozen
 class LayerChoice:
-    """How one layer computes: ``int4`` (packed) or ``dequantized``, from which block types, and why."""
+    """How one layer computes: ``int4`` (packed) or ``dequantized``, from which block types, and why.
+
+    ``dtype``: what a dequantized layer holds (``None`` for a packed one).
+    """
 
     kernel: str
     types: tuple[str, ...]
     packed_bytes: int = 0
     reason: str | None = None
+    dtype: str | None = None
+
+
+_FLOAT_TYPE_NAMES = ("F32", "F16", "BF16", "F64")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``, as load reports name dtypes."""
+    return str(dtype).removeprefix("torch.")
 
 
 @attrs.define
@@ -157,6 +172,10 @@ class GGUFQuantConfig(QuantizationConfig):
     name = METHOD_NAME
     kernel_dtype: torch.dtype | None = None
     """The dtype the int4 kernel computes in; ``None``: :func:`kernel_dtype_for` the layer's dtype."""
+    dense_dtype: torch.dtype | None = None
+    """The dtype a layer of quantized blocks that cannot stay packed is dequantized to (``None``: the layer's
+    own). A ``dtype="auto"`` load sets the kernel's: Q6_K/Q8_0 layers of a Q4_K_M file then take 2 bytes a
+    value, not float32's 4 (float tensors keep the layer's dtype)."""
     layer_log: dict[str, LayerChoice] = attrs.field(factory=dict, eq=False)
     files: tuple[str, ...] = attrs.field(default=(), eq=False)
     """The load's GGUF files, whose headers ``layer_plan`` plans from (empty: layers are decided at load)."""
@@ -183,7 +202,8 @@ class GGUFQuantConfig(QuantizationConfig):
             counts[choice.kernel] = counts.get(choice.kernel, 0) + 1
         return {
             "method": self.name, "kernels": counts,
-            "kernel_dtype": None if self.kernel_dtype is None else str(self.kernel_dtype).removeprefix("torch."),
+            "kernel_dtype": None if self.kernel_dtype is None else dtype_name(self.kernel_dtype),
+            "dense_dtype": None if self.dense_dtype is None else dtype_name(self.dense_dtype),
             "packed_bytes": sum(choice.packed_bytes for choice in self.layer_log.values()),
             "layers": {prefix: attrs.asdict(choice) for prefix, choice in sorted(self.layer_log.items())},
         }
@@ -218,8 +238,9 @@ class GGUFLayerState:
     """One layer's size and the narrowed parts handed to it, until they are packed or dequantized.
 
     ``rows`` x ``cols`` is the layer's own per-rank shape. A row-parallel layer at tp > 1 (``split``) is handed
-    its whole weight and keeps either this rank's output rows over every input column (``row_window``: packed,
-    the input gathered in :meth:`GGUFLinearMethod.apply`) or, as every other method, its input columns.
+    its whole weight and keeps either this rank's output rows over every input column (``row_window``, packed
+    or dequantized; the input gathered in :meth:`GGUFLinearMethod.apply`) or, as every other method, its input
+    columns (when its rows do not divide, or on a device).
     """
 
     prefix: str
@@ -313,24 +334,27 @@ class GGUFLinearMethod(LinearMethodBase):
                                         f"{state.rows} rows")
         types = tuple(p.narrowed.stored_type for p in parts)
         own = _Decision([(p.offset, p.narrowed) for p in parts], types, (state.rows, state.cols), None)
+        if state.split is not None:  # one part with every input column: this rank's columns, as other methods
+            own = attrs.evolve(own, tensors=[(0, parts[0].narrowed.narrow(1, state.split.rank * state.cols,
+                                                                          state.cols))])
         if device.type != "cpu":
             return attrs.evolve(own, reason=f"the packed int4 kernel runs on the CPU, not {device}")
         candidates = [own]
-        if state.split is not None:  # one part, every input column: this rank's rows, or its columns
-            whole, (rank, size) = parts[0].narrowed, (state.split.rank, state.split.size)
-            columns = whole.narrow(1, rank * state.cols, state.cols)
-            own = attrs.evolve(own, tensors=[(0, columns)])
-            candidates = [own]
-            if state.rows % size == 0:
-                n = state.rows // size
-                candidates.insert(0, _Decision([(0, whole.narrow(0, rank * n, n))], types,
-                                               (n, state.cols * size), None, (rank * n, n)))
-        reason = None
+        if state.split is not None and state.rows % state.split.size == 0:  # or this rank's rows: first choice
+            n = state.rows // state.split.size
+            start = state.split.rank * n
+            candidates.insert(0, _Decision([(0, parts[0].narrowed.narrow(0, start, n))], types,
+                                           (n, state.cols * state.split.size), None, (start, n)))
+        reasons = []
         for candidate in candidates:
             reason = GGUFLinearMethod._packing_reason(candidate, parts)
             if reason is None:
                 return candidate
-        return attrs.evolve(own, reason=reason)
+            reasons.append(reason)
+        if len(candidates) == 1:
+            return attrs.evolve(own, reason=reasons[0])
+        # dequantized too, a row window computes what tp=1 does (no partial sums in a narrow dtype)
+        return attrs.evolve(candidates[0], reason=f"this rank's rows: {reasons[0]}; its columns: {reasons[1]}")
 
     @staticmethod
     def _packing_reason(candidate: _Decision, parts: list[NarrowedPart]) -> str | None:
@@ -342,6 +366,14 @@ class GGUFLinearMethod(LinearMethodBase):
 
     def _kernel_dtype(self, state: GGUFLayerState) -> torch.dtype:
         return self.config.kernel_dtype or kernel_dtype_for(state.params_dtype)
+
+    def _dense_dtype(self, state: GGUFLayerState, types: tuple[str, ...]) -> torch.dtype:
+        """What a dequantized layer holds: :attr:`GGUFQuantConfig.dense_dtype` when every part is quantized
+        blocks, else the layer's dtype (float tensors are not narrowed behind the user's back)."""
+        dense = self.config.dense_dtype
+        if dense is None or any(t in _FLOAT_TYPE_NAMES for t in types):
+            return state.params_dtype
+        return dense
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Pack the layer's parts into torch's int4 layout, or dequantize them (reason recorded)."""
@@ -358,14 +390,15 @@ class GGUFLinearMethod(LinearMethodBase):
             layer.register_buffer("packed_weight", packed.data)
             layer.register_buffer("packed_scales_and_zeros", packed.scales_and_zeros)
             size = packed.data.numel() + packed.scales_and_zeros.numel() * packed.scales_and_zeros.element_size()
-            state.row_window = decision.row_window
             state.choice = LayerChoice("int4", decision.types, size)
         else:
-            dense = torch.empty(state.rows, state.cols, dtype=state.params_dtype, device=device)
+            dtype = self._dense_dtype(state, decision.types)
+            dense = torch.empty(*decision.shape, dtype=dtype, device=device)
             for offset, tensor in decision.tensors:
-                dense[offset:offset + int(tensor.shape[0])].copy_(tensor.read(state.params_dtype))
+                dense[offset:offset + int(tensor.shape[0])].copy_(tensor.read(dtype))
             layer.register_parameter("weight", torch.nn.Parameter(dense, requires_grad=False))
-            state.choice = LayerChoice("dequantized", decision.types, 0, decision.reason)
+            state.choice = LayerChoice("dequantized", decision.types, 0, decision.reason, dtype_name(dtype))
+        state.row_window = decision.row_window
         state.parts.clear()
         self.config.layer_log[state.prefix] = state.choice
 
@@ -394,7 +427,8 @@ class GGUFLinearMethod(LinearMethodBase):
         if decision.reason is None:
             size = int4_packed_bytes(*decision.shape, self._kernel_dtype(state))
             return attrs.asdict(LayerChoice("int4", decision.types, size))
-        return attrs.asdict(LayerChoice("dequantized", decision.types, 0, decision.reason))
+        dtype = dtype_name(self._dense_dtype(state, decision.types))
+        return attrs.asdict(LayerChoice("dequantized", decision.types, 0, decision.reason, dtype))
 
     @staticmethod
     def _pack(parts: list[CheckpointTensor], dtype: torch.dtype) -> Int4CpuWeight:
@@ -431,18 +465,25 @@ class GGUFLinearMethod(LinearMethodBase):
 
         The padded output (this rank's rows, zeros elsewhere) makes the
         row-parallel layer's all-reduce an exact gather: each output is one
-        rank's value plus zeros, as tp=1 computes it.
+        rank's value plus zeros, as tp=1 computes it. A dequantized weight
+        narrower than the activations (:attr:`GGUFQuantConfig.dense_dtype`)
+        computes in its own dtype, as the packed kernel does.
         """
-        packed = self.int4_weight(layer)
-        if packed is None:
-            return torch.nn.functional.linear(x, cast(torch.Tensor, layer.weight), bias)
-        kernel_dtype = packed.scales_and_zeros.dtype
         state = self.layer_state(layer, GGUFLayerState)
+        packed = self.int4_weight(layer)
+        weight = cast(torch.Tensor, layer.weight) if packed is None else None
+        if weight is not None and state.row_window is None and weight.dtype == x.dtype:
+            return torch.nn.functional.linear(x, weight, bias)
+        whole = x if state.row_window is None else all_gather(x, dim=-1)
+        if weight is not None:
+            mine = torch.nn.functional.linear(whole.to(weight.dtype), weight)
+        else:
+            assert packed is not None
+            mine = packed.matmul(whole.to(packed.scales_and_zeros.dtype))
         if state.row_window is None:
-            out = packed.matmul(x.to(kernel_dtype)).to(x.dtype)
+            out = mine.to(x.dtype)
         else:
             start, rows = state.row_window
-            mine = packed.matmul(all_gather(x, dim=-1).to(kernel_dtype))
             out = x.new_zeros(*x.shape[:-1], state.rows)
             out[..., start:start + rows] = mine
         return out if bias is None else out + bias.to(out.dtype)

@@ -80,5 +80,7 @@ def loader_detect_quantization(hf_config: Mapping[str, Any], requested: str | No
     # the files' headers let each layer plan its kernel before loading (``loader inspect --layers``)
     files = tuple(options.extra.get("weight_files", ())) if options.extra.get("weight_format") == FORMAT_NAME else ()
     if requested == "gguf" or packing_requested(options):
-        return GGUFQuantConfig(kernel_dtype=kernel_dtype, files=files)
+        # dtype auto: what cannot stay packed is dequantized to the kernel's dtype, not float32
+        dense_dtype = kernel_dtype if options.extra.get("dtype_auto") else None
+        return GGUFQuantConfig(kernel_dtype=kernel_dtype, dense_dtype=dense_dtype, files=files)
     return None
