@@ -45,7 +45,7 @@ def test_looked_up_rows_are_gguf_py_dequantization_bit_for_bit(tiny_gguf, qtype)
     path, model = tiny_gguf("llama", qtype, **_family_options("llama"))  # llama's head is untied here
     loaded, report = loader.load_model_with_report(str(path))
     record = report.quantization["layers"]["model.embed_tokens"]
-    assert record == {"kernel": "int8" if qtype == Q.Q8_0 else "blocks", "types": (qtype.name,),
+    assert record == {"kernel": "int8" if qtype in (Q.Q8_0, Q.Q6_K) else "blocks", "types": (qtype.name,),
                       "packed_bytes": record["packed_bytes"], "reason": None, "dtype": None}
     assert 0 < record["packed_bytes"] <= model.config.vocab_size * 256 * 4 * 0.6  # float32 would be 4 B/value
     assert not any("embed_tokens" in name for name, _ in loaded.named_parameters())
@@ -67,6 +67,7 @@ def test_a_bfloat16_load_looks_up_the_rows_the_dequantized_bfloat16_table_has(ti
 
 @pytest.mark.parametrize(("qtype", "kernel", "tolerance"), [
     (Q.Q8_0, "int8", 3e-2),  # int8 codes per block in bfloat16, the top 64 recomputed in float32
+    (Q.Q6_K, "int8", 3e-2),  # int8 codes per 16-value group (q - 32, scale d*sc), as Q8_0
     (Q.Q4_1, "blocks+int4", 3e-2),  # torch's int4 kernel in bfloat16, as the linears
     (Q.Q4_K, "blocks+int4", 3e-2),
 ], ids=lambda v: getattr(v, "name", None))
@@ -82,7 +83,7 @@ def test_a_tied_head_multiplies_with_the_embeddings_storage(tiny_gguf, qtype, ke
     expected = hidden @ _reference_table(path).t()
     assert got.shape == expected.shape == (2, 5, model.config.vocab_size)
     assert relative_error(got, expected) <= tolerance
-    if qtype == Q.Q8_0:  # the top logits are exact, so greedy decoding picks what the float32 model picks
+    if kernel == "int8":  # the top logits are exact, so greedy decoding picks what the float32 model picks
         top = expected.topk(8, dim=-1).indices
         torch.testing.assert_close(got.gather(-1, top), expected.gather(-1, top), rtol=1e-5, atol=1e-5)
         assert torch.equal(got.argmax(-1), expected.argmax(-1))
@@ -102,21 +103,25 @@ def test_a_bfloat16_load_s_q8_0_head_gives_float32_logits_exact_at_the_top(tiny_
     assert torch.equal(got.argmax(-1), expected.argmax(-1))
 
 
-def test_a_q8_0_head_with_the_float32_kernel_is_exact_everywhere(tiny_gguf):
-    path, _ = tiny_gguf("qwen2", Q.Q8_0, **SIZES)
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q6_K], ids=lambda q: q.name)
+def test_an_int8_head_with_the_float32_kernel_is_float32_accurate_everywhere(tiny_gguf, qtype):
+    """Every logit, not only the top: float32 products of the exact codes and scales, summed per block (the
+    order of those sums is all that differs from one float32 matmul)."""
+    path, _ = tiny_gguf("qwen2", qtype, **SIZES)
     loaded = loader.load_model(str(path), format_options={"kernel_dtype": "float32"})
     hidden = torch.randn(2, 5, 256, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         got = loaded.lm_head(hidden)
-    torch.testing.assert_close(got, hidden @ _reference_table(path).t(), rtol=1e-5, atol=1e-5)
+    assert relative_error(got, hidden @ _reference_table(path).t()) <= 1e-6
 
 
 def test_a_tied_head_of_a_type_without_a_kernel_dequantizes_the_table_with_the_reason(tiny_gguf):
-    path, model = tiny_gguf("qwen2", Q.Q6_K, **SIZES)
+    path, model = tiny_gguf("qwen2", Q.Q5_K, **SIZES)
     loaded, report = loader.load_model_with_report(str(path))
     record = report.quantization["layers"]["model.embed_tokens"]
     assert record["kernel"] == "dequantized" and record["packed_bytes"] == 0
-    assert record["reason"] == "ggml type Q6_K has no kernel for the tied output head (Q8_0, Q4_0, Q4_1, Q4_K have)"
+    assert record["reason"] == ("ggml type Q5_K has no kernel for the tied output head "
+                                "(Q8_0, Q6_K, Q4_0, Q4_1, Q4_K have)")
     table = _reference_table(path)
     ids = _ids(model.config.vocab_size)
     hidden = torch.randn(1, 3, 256, generator=torch.Generator().manual_seed(3))
@@ -176,3 +181,16 @@ def test_a_config_giving_an_embedding_something_else_is_named():
     with pytest.raises(PluginError, match=r"^quantization 'odd' gave str for the embedding 'embed'; "
                                           r"an embedding needs an EmbeddingMethodBase$"):
         VocabParallelEmbedding(128, 8, quant_config=Odd(), prefix="embed")
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q6_K, Q.Q4_K], ids=lambda q: q.name)
+def test_a_tied_embedding_is_planned_from_the_header_as_the_load_keeps_it(tiny_gguf, qtype):
+    """``loader inspect --layers`` predicts the kernel and the bytes kept (Q6_K: 16-value groups' scales)."""
+    from loader._pipeline.plan import plan_layers
+
+    path, _ = tiny_gguf("qwen2", qtype, **SIZES)
+    planned = plan_layers(str(path))["layers"]["model.embed_tokens"]
+    model, report = loader.load_model_with_report(str(path))
+    assert planned == report.quantization["layers"]["model.embed_tokens"]
+    held = sum(b.numel() * b.element_size() for name, b in model.named_buffers() if name.startswith("model.embed"))
+    assert planned["packed_bytes"] == held

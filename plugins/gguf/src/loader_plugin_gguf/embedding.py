@@ -8,8 +8,11 @@ tensor and indexing it. Stored per type:
 
 - Q8_0: int8 codes ``[cols / 32, rows, 32]`` and the blocks' ``d`` as float32
   ``[cols / 32, rows]`` (a code times a widened float16 is exact in float32, so
-  a row is ``codes * d``, bit-equal). The layout serves the tied head: each
-  32-column slice of codes is one contiguous int8 matrix for torch's
+  a row is ``codes * d``, bit-equal). Q6_K likewise, per 16-value group: codes
+  ``q - 32`` ``[cols / 16, rows, 16]``, scales ``d*sc`` — 1.4 bytes a value
+  instead of float32's 4, for the Q6_K embeddings and heads of llama.cpp's
+  ``_M`` files. The layout serves the tied head: each
+  32-column (Q6_K: 16-column) slice of codes is one contiguous int8 matrix for torch's
   ``_weight_int8pack_mm`` with that block's ``d`` as its per-row scale, and the
   head sums the 18 (for 576 columns) partial products (its scales a copy in the
   kernel dtype made at load, ``q8_head_scales``) — exact math on the
@@ -23,8 +26,8 @@ tensor and indexing it. Stored per type:
   Q4_0/Q4_1/Q4_K adds torch's packed int4 weight built from the same blocks
   (:mod:`.q4_blocks`; lookups stay exact from the blocks).
 
-A tied head of a type with neither kernel (Q5_x, Q6_K, Q2_K/Q3_K/Q5_K, F16,
-...) would dequantize the whole table for every token, so that embedding is
+A tied head of a type with neither kernel (Q5_x, Q2_K/Q3_K/Q5_K, F16, ...)
+would dequantize the whole table for every token, so that embedding is
 dequantized at load as before, with the reason in the load report; so is
 one loaded to a device other than the CPU.
 """
@@ -51,6 +54,7 @@ from loader.layers import (
 from loader.models import all_gather
 
 from .dequantize import block_shape, dequantize_into
+from .kernels_kquants import q6_k_codes
 from .kernels_legacy import half_at
 from .packed_linear import METHOD_NAME, LayerChoice, dtype_name, kernel_dtype_for
 from .q4_blocks import GROUP_SIZE, PACKED_TYPES, affine_rows
@@ -63,10 +67,13 @@ if TYPE_CHECKING:
 
     from .packed_linear import GGUFQuantConfig
 
-__all__ = ["GGUFEmbeddingMethod", "GGUFEmbeddingState", "HEAD_KERNEL_TYPES"]
+__all__ = ["HEAD_KERNEL_TYPES", "INT8_BLOCKS", "GGUFEmbeddingMethod", "GGUFEmbeddingState"]
 
 Q = GGMLQuantizationType
-HEAD_KERNEL_TYPES = (Q.Q8_0, *PACKED_TYPES)
+INT8_BLOCKS = {Q.Q8_0: 32, Q.Q6_K: 16}
+"""Symmetric block types kept as int8 codes and one float32 scale per block of this many columns (Q8_0: ``d``;
+Q6_K: ``d*sc`` of each 16-value group, codes ``q - 32``): ``codes * scale`` is gguf-py's value exactly."""
+HEAD_KERNEL_TYPES = (*INT8_BLOCKS, *PACKED_TYPES)
 """Block types a tied head multiplies with directly (int8 codes per block, or packed int4)."""
 
 
@@ -91,8 +98,9 @@ def _kept_bytes(state: GGUFEmbeddingState, kernel: str, window: GGUFTensor) -> i
     """The bytes ``kernel`` keeps for this rank's padded table: what the load's buffers will hold."""
     from .layer_plan import int4_packed_bytes
 
-    groups = state.cols // GROUP_SIZE
-    if kernel == "int8":  # int8 codes, float32 block scales, and the tied head's copy in the kernel dtype
+    if kernel == "int8":
+        # int8 codes, float32 block scales, and the tied head's copy in the kernel dtype
+        groups = state.cols // INT8_BLOCKS[Q(window.info.ggml_type)]
         copied = state.tied and state.kernel_dtype != torch.float32
         head = groups * state.rows * state.kernel_dtype.itemsize if copied else 0
         return state.rows * state.cols + groups * state.rows * 4 + head
@@ -173,7 +181,7 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
             layer.register_parameter("weight", torch.nn.Parameter(dense, requires_grad=False))
             state.choice = LayerChoice(kernel, types, 0, reason, dtype_name(state.params_dtype))
         elif kernel == "int8":
-            state.choice = LayerChoice(kernel, types, self._keep_q8_0(layer, state, window))
+            state.choice = LayerChoice(kernel, types, self._keep_int8(layer, state, window))
         else:
             size = self._keep_blocks(layer, state, window)
             if kernel == "blocks+int4":
@@ -194,7 +202,7 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         reason = self._fallback_reason(state, window, device)
         if reason is not None:
             return "dequantized", reason
-        if state.ggml_type == Q.Q8_0:
+        if state.ggml_type in INT8_BLOCKS:
             return "int8", None
         return ("blocks+int4" if state.tied else "blocks"), None
 
@@ -220,18 +228,27 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
             state.part = None
 
     @staticmethod
-    def _keep_q8_0(layer: nn.Module, state: GGUFEmbeddingState, window: GGUFTensor) -> int:
+    def _keep_int8(layer: nn.Module, state: GGUFEmbeddingState, window: GGUFTensor) -> int:
+        """Int8 codes ``[groups, rows, block]`` and float32 scales ``[groups, rows]`` (:data:`INT8_BLOCKS`)."""
         raw, _ = window.enclosing_blocks()
         window.stats.add(raw.numel(), tensors=1)
-        block, size = block_shape(Q.Q8_0)
+        ggml_type = Q(window.info.ggml_type)
+        block = INT8_BLOCKS[ggml_type]
         groups, real = state.cols // block, raw.shape[0]
-        blocks = raw.reshape(real, groups, size)
         # written once each: the file's rows copied in, only the padding rows zeroed
         codes = torch.empty(groups, state.rows, block, dtype=torch.int8)
-        codes[:, :real].copy_(blocks[:, :, 2:].transpose(0, 1).view(torch.int8))
-        codes[:, real:].zero_()
         scales = torch.empty(groups, state.rows, dtype=torch.float32)
-        scales[:, :real].copy_(half_at(blocks.reshape(-1, size), 0).view(real, groups).t())
+        if ggml_type == Q.Q8_0:
+            _, size = block_shape(Q.Q8_0)
+            blocks = raw.reshape(real, groups, size)
+            codes[:, :real].copy_(blocks[:, :, 2:].transpose(0, 1).view(torch.int8))
+            scales[:, :real].copy_(half_at(blocks.reshape(-1, size), 0).view(real, groups).t())
+        else:
+            _, size = block_shape(ggml_type)
+            super_codes, super_scales = q6_k_codes(raw.contiguous().view(-1, size))
+            codes[:, :real].copy_(super_codes.view(real, groups, block).transpose(0, 1))
+            scales[:, :real].copy_(super_scales.view(real, groups).t())
+        codes[:, real:].zero_()
         scales[:, real:].zero_()
         layer.register_buffer("q8_codes", codes)
         layer.register_buffer("q8_scales", scales)
@@ -281,8 +298,8 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
     def _exact_rows(layer: nn.Module, state: GGUFEmbeddingState, ids: torch.Tensor) -> torch.Tensor:
         """The rows ``ids`` of the kept blocks, float32 ``[*ids.shape, cols]``: exact, whatever the load's dtype."""
         flat = ids.reshape(-1)
-        if state.ggml_type == Q.Q8_0:
-            codes = _buffer(layer, "q8_codes")[:, flat]  # [groups, n, 32]
+        if state.ggml_type in INT8_BLOCKS:
+            codes = _buffer(layer, "q8_codes")[:, flat]  # [groups, n, block]
             scales = _buffer(layer, "q8_scales")[:, flat]
             rows = (codes.to(torch.float32) * scales.unsqueeze(-1)).transpose(0, 1).reshape(-1, state.cols)
         else:

@@ -13,8 +13,8 @@ import torch
 
 from .kernels_legacy import half_at, shifts
 
-__all__ = ["QK_K", "dequant_q2_k", "dequant_q3_k", "dequant_q4_k", "dequant_q5_k", "dequant_q6_k", "scale_min_k4",
-           "split_nibbles"]
+__all__ = ["QK_K", "dequant_q2_k", "dequant_q3_k", "dequant_q4_k", "dequant_q5_k", "dequant_q6_k", "q6_k_codes",
+           "scale_min_k4", "split_nibbles"]
 
 QK_K = 256
 
@@ -96,13 +96,24 @@ def dequant_q5_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
     view.mul_(dl).sub_(ml)
 
 
+def q6_k_codes(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q6_K as int8 codes ``q - 32`` ``[n, 16, 16]`` and each 16-group's scale ``d*sc`` (float32 ``[n, 16]``).
+
+    ``d*sc`` (11 by 8 bits) and its product with a code (6 more) are exact in float32, so ``codes * scale``
+    is the dequantized value bit for bit — which lets a Q6_K table multiply as int8 (the GGUF head).
+    """
+    n = blocks.shape[0]
+    scales = blocks[:, 192:208].view(torch.int8).to(torch.float32)
+    dl = half_at(blocks, 208) * scales
+    ql = split_nibbles(blocks[:, 0:128], 2, 64).reshape(n, 8, 32)
+    qh = _crumbs(blocks[:, 128:192], 2, 32).reshape(n, 8, 32)
+    return ((ql | (qh << 4)).view(torch.int8) - 32).reshape(n, 16, 16), dl.reshape(n, 16)
+
+
 def dequant_q6_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
     """``ql[128], qh[64], scales: int8[16], d``: 16 groups of 16, value = d*sc * (q - 32)."""
     n = blocks.shape[0]
-    scales = blocks[:, 192:208].view(torch.int8).to(torch.float32)
-    dl = (half_at(blocks, 208) * scales).reshape(n, 16, 1)
-    ql = split_nibbles(blocks[:, 0:128], 2, 64).reshape(n, 8, 32)
-    qh = _crumbs(blocks[:, 128:192], 2, 32).reshape(n, 8, 32)
+    codes, dl = q6_k_codes(blocks)
     view = out.view(n, 16, 16)
-    view.copy_(((ql | (qh << 4)).view(torch.int8) - 32).reshape(n, 16, 16))
-    view.mul_(dl)
+    view.copy_(codes)
+    view.mul_(dl.unsqueeze(-1))
