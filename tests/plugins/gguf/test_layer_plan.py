@@ -68,7 +68,8 @@ def test_inspect_plans_each_layer_exactly_as_the_load_records_it(mixed):
 def test_the_text_table_lists_each_layer_s_block_types(mixed):
     text = run_cli("inspect", str(mixed), "--layers")
     assert text.returncode == 0, text.stderr
-    assert "kernels on cpu (planned from shapes; no weights read): dequantized 6, int4 2, int8 1" in text.stdout
+    assert ("kernels on cpu (planned from shapes; no weights read): dequantized 6, int4 2, int8 1, blocks+int4 1"
+            in text.stdout)  # blocks+int4: the untied output head
     assert "  dequantized (1 layer): part 'v': ggml type Q8_0 has no packed int4 kernel" in text.stdout
     row = next(line for line in text.stdout.splitlines() if line.startswith("model.layers.0.self_attn.qkv_proj"))
     assert row.split()[1:] == ["int4", "Q4_K,", "Q4_0,", "Q4_1", str(512 * 256 // 2 + 8 * 512 * 2 * 2)]

@@ -84,7 +84,9 @@ def test_packed_logits_agree_with_the_dequantized_float32_model(tiny_gguf, famil
     with torch.no_grad():
         expected = loader.load_model(str(path), dtype="float32")(ids)
         got = packed(ids)
-    assert report.quantization["kernels"] == {"int4": 8, "blocks+int4" if family == "qwen2" else "blocks": 1}
+    # the llama's own output head kept too (qwen2's is tied to its embedding)
+    assert report.quantization["kernels"] == ({"int4": 8, "blocks+int4": 1} if family == "qwen2" else
+                                              {"int4": 8, "blocks": 1, "blocks+int4": 1})
     assert report.quantization["packed_bytes"] > 0
     assert (got.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.98
     assert relative_error(got, expected) <= 3e-2
@@ -95,12 +97,17 @@ def test_other_block_types_fall_back_per_layer_with_the_reason(tiny_gguf):
     ids = torch.arange(12).view(1, 12)
     model, report = loader.load_model_with_report(str(path), dtype="float32", quantization="gguf")
     layers = report.quantization["layers"]
-    assert report.quantization["kernels"] == {"dequantized": 8, "int8": 1}  # the embedding keeps its Q8_0 codes
+    # the embedding and the untied head keep their Q8_0 codes
+    assert report.quantization["kernels"] == {"dequantized": 8, "int8": 2}
     assert layers["model.layers.0.mlp.down_proj"]["reason"] == "ggml type Q8_0 has no packed int4 kernel"
     assert layers["model.layers.0.self_attn.qkv_proj"]["reason"] == "part 'q': ggml type Q8_0 has no packed " \
         "int4 kernel"
     with torch.no_grad():
-        assert torch.equal(model(ids), loader.load_model(str(path), dtype="float32")(ids))
+        got, expected = model(ids), loader.load_model(str(path), dtype="float32")(ids)
+    # float32 by name: the linears are the dense model's; the int8 head's top logits are exact float32
+    top = expected.topk(8, dim=-1).indices
+    torch.testing.assert_close(got.gather(-1, top), expected.gather(-1, top), rtol=1e-5, atol=1e-5)
+    assert relative_error(got, expected) <= 3e-2
 
 
 def test_a_default_load_dequantizes_what_cannot_stay_packed_to_bfloat16_and_float_tensors_to_float32(tmp_path):
@@ -112,7 +119,7 @@ def test_a_default_load_dequantizes_what_cannot_stay_packed_to_bfloat16_and_floa
 
     config = tiny_config("llama", vocab_size=288, hidden_size=256, intermediate_size=512, rope_scaling=None)
     types = {"blk.0.attn_v.weight": Q.Q6_K, "blk.0.ffn_down.weight": Q.Q6_K, "blk.1.attn_output.weight": Q.Q8_0,
-             "blk.1.ffn_down.weight": Q.F16}
+             "blk.1.ffn_down.weight": Q.F16, "output.weight": Q.Q6_K}
     path = write_gguf(tmp_path / "k_m.gguf", build_model("llama", config), "llama", qtype=Q.Q4_K,
                       quantized_as=types)
     model, report = loader.load_model_with_report(str(path))
@@ -125,6 +132,11 @@ def test_a_default_load_dequantizes_what_cannot_stay_packed_to_bfloat16_and_floa
         assert modules[name].weight.dtype == torch.bfloat16
     assert layers["model.layers.1.mlp.down_proj"]["dtype"] == "float32"
     assert modules["model.layers.1.mlp.down_proj"].weight.dtype == torch.float32
+    # the untied Q6_K head: int8 codes and scales per 16-value group, 1.4 bytes a value, not a float32 table
+    assert layers["lm_head"]["kernel"] == "int8" and layers["lm_head"]["types"] == ("Q6_K",)
+    assert not any(name.startswith("lm_head") for name, _ in model.named_parameters())
+    rows, groups = 320, 256 // 16  # the vocabulary padded to 64 rows; codes, float32 scales, bfloat16 copy
+    assert layers["lm_head"]["packed_bytes"] == rows * 256 + rows * groups * (4 + 2)
     ids = torch.randint(0, 288, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = loader.load_model(str(path), dtype="float32")(ids)
@@ -175,7 +187,7 @@ def test_a_fused_layer_with_one_other_block_type_is_dequantized_and_the_rest_sta
     choice = report.quantization["layers"]["model.layers.0.mlp.gate_up_proj"]
     assert choice["kernel"] == "dequantized" and choice["types"] == ("Q4_1", "Q8_0")
     assert choice["reason"] == "part 1: ggml type Q8_0 has no packed int4 kernel"
-    assert report.quantization["kernels"] == {"int4": 7, "dequantized": 1, "blocks": 1}
+    assert report.quantization["kernels"] == {"int4": 7, "dequantized": 1, "blocks": 1, "blocks+int4": 1}
     dense = loader.load_model(str(path), dtype="float32")  # random Q8_0 blocks: compare weights, not logits
     name = "model.layers.0.mlp.gate_up_proj.weight"
     torch.testing.assert_close(dict(packed.named_parameters())[name], dict(dense.named_parameters())[name],
@@ -244,7 +256,7 @@ def test_q4_k_layers_stay_packed_and_agree_with_the_dequantized_model(tiny_gguf)
     ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
     packed, report = loader.load_model_with_report(str(path))
     assert report.dtype == "float32"
-    assert report.quantization["kernels"] == {"int4": 8, "blocks": 1}
+    assert report.quantization["kernels"] == {"int4": 8, "blocks": 1, "blocks+int4": 1}  # + the own head
     assert set(report.quantization["layers"]["model.layers.0.mlp.down_proj"]) >= {"kernel", "reason",
                                                                                  "packed_bytes"}
     with torch.no_grad():
@@ -267,7 +279,7 @@ def test_the_default_keeps_gguf_packed_and_float32_or_the_option_dequantizes(tin
     assert report.dtype == dtype
     assert (report.quantization is not None) == packed
     if packed:
-        assert report.quantization["kernels"] == {"int4": 8, "blocks": 1}
+        assert report.quantization["kernels"] == {"int4": 8, "blocks": 1, "blocks+int4": 1}  # + the own head
         assert report.quantization["kernel_dtype"] == "bfloat16"
     assert model.model.norm.weight.dtype == getattr(torch, dtype)
 
@@ -323,7 +335,7 @@ def test_a_q4_k_row_parallel_layer_at_tp2_keeps_whole_super_blocks_of_its_rows(t
     whole = loader.load_model(str(path))
     with simulated_tp(rank, 2):
         shard, report = loader.load_model_with_report(str(path))
-    assert report.quantization["kernels"] == {"int4": 8, "blocks": 1}
+    assert report.quantization["kernels"] == {"int4": 8, "blocks": 1, "blocks+int4": 1}  # + the own head
     for name in ("model.layers.0.self_attn.o_proj", "model.layers.1.mlp.down_proj"):
         full = _packed(whole, name)
         assert torch.equal(_packed(shard, name), full[128 * rank:128 * (rank + 1)])
@@ -355,8 +367,11 @@ def test_the_default_packed_load_through_the_transformers_fallback_equals_the_na
     forced, report = loader.load_model_with_report(str(path), model_impl="transformers")
     assert report.model_impl == "transformers"
     assert report.quantization["kernels"] == {"int4": 14}  # q, k, v, o, gate, up, down unfused, 2 layers
+    native = loader.load_model(str(path))
+    # the fallback keeps transformers' dense head; give the native class the same one to compare every linear
+    native.lm_head = loader.load_model(str(path), dtype="float32").lm_head
     with torch.no_grad():
-        assert torch.equal(forced(ids), loader.load_model(str(path))(ids))
+        assert torch.equal(forced(ids), native(ids))
 
 
 def test_a_layer_plan_of_a_gguf_file_is_the_default_load_s_method_not_dense(tmp_path):

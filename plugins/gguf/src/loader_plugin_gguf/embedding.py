@@ -45,6 +45,7 @@ from loader.errors import CheckpointFormatError, UnsupportedError
 from loader.layers import (
     EmbeddingMethodBase,
     Int4CpuWeight,
+    LinearMethodBase,
     ParamLayout,
     WeightLoader,
     int4_unsupported_reason,
@@ -67,7 +68,7 @@ if TYPE_CHECKING:
 
     from .packed_linear import GGUFQuantConfig
 
-__all__ = ["HEAD_KERNEL_TYPES", "INT8_BLOCKS", "GGUFEmbeddingMethod", "GGUFEmbeddingState"]
+__all__ = ["HEAD_KERNEL_TYPES", "INT8_BLOCKS", "GGUFEmbeddingMethod", "GGUFEmbeddingState", "GGUFHeadMethod"]
 
 Q = GGMLQuantizationType
 INT8_BLOCKS = {Q.Q8_0: 32, Q.Q6_K: 16}
@@ -87,6 +88,8 @@ class GGUFEmbeddingState:
     params_dtype: torch.dtype
     part: NarrowedPart | None = None
     tied: bool = False
+    lookups: bool = True
+    """False for an untied output head (:class:`GGUFHeadMethod`): nothing is looked up, rows only refine logits."""
     ggml_type: int | None = None
     kernel_dtype: torch.dtype = torch.bfloat16
     choice: LayerChoice | None = None
@@ -154,7 +157,8 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         if device.type != "cpu":
             return f"GGUF blocks are looked up on the CPU, not {device}"
         if state.tied and window.info.ggml_type not in HEAD_KERNEL_TYPES:
-            return (f"ggml type {window.stored_type} has no kernel for the tied output head "
+            head = "tied output head" if state.lookups else "output head"
+            return (f"ggml type {window.stored_type} has no kernel for the {head} "
                     f"({', '.join(Q(t).name for t in HEAD_KERNEL_TYPES)} have)")
         if state.tied and window.info.ggml_type in PACKED_TYPES:
             return int4_unsupported_reason(state.rows, state.cols, GROUP_SIZE)
@@ -308,42 +312,47 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         return rows.view(*ids.shape, state.cols)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """The tied head's logits ``x @ W.T`` over this rank's rows, from the embedding's storage."""
+        """The head's logits ``x @ W.T`` over this rank's rows, from the embedding's storage (float32).
+
+        Every model's logits are widened to float32 after the head, so a
+        kernel narrower than float32 has its top logits refined exactly
+        (:meth:`_refine_top`), for bfloat16 activations too.
+        """
         state = self._state(layer)
         kernel = cast(LayerChoice, state.choice).kernel
         if kernel == "dequantized":
             return torch.nn.functional.linear(x, _buffer(layer, "weight"), bias)
+        if kernel not in ("int8", "blocks+int4"):
+            raise RuntimeError(f"{state.prefix}: no output head is tied to this embedding")
         dtype = state.kernel_dtype
+        flat = x.reshape(-1, state.cols)
         if kernel == "int8":
-            # float32 logits (every model's are widened to float32 after the head): a narrower kernel's
-            # top logits refined exactly, for bfloat16 activations too
-            flat = x.reshape(-1, state.cols)
             out = self._int8_head(layer, flat.to(dtype), dtype)
-            if dtype != torch.float32:
-                self._refine_top(layer, flat.to(torch.float32), out)
-            out = out.view(*x.shape[:-1], state.rows)
-            return out if bias is None else out + bias.to(out.dtype)
-        elif kernel == "blocks+int4":
+        else:
             packed = Int4CpuWeight(_buffer(layer, "packed_weight"), _buffer(layer, "packed_scales_and_zeros"),
                                    GROUP_SIZE, state.cols)
-            out = packed.matmul(x.reshape(-1, state.cols).to(dtype))
-        else:
-            raise RuntimeError(f"{state.prefix}: no output head is tied to this embedding")
-        out = out.to(x.dtype).view(*x.shape[:-1], state.rows)
+            out = packed.matmul(flat.to(dtype)).to(torch.float32)
+        if dtype != torch.float32:
+            self._refine_top(layer, flat.to(torch.float32), out)
+        out = out.view(*x.shape[:-1], state.rows)
         return out if bias is None else out + bias.to(out.dtype)
 
     def _refine_top(self, layer: nn.Module, x: torch.Tensor, out: torch.Tensor) -> None:
         """Recompute each position's :data:`REFINED_LOGITS` largest logits exactly, in float32, in place.
 
-        The kernel rounds every block's partial product to bfloat16, enough to
-        swap near-tied top tokens (SmolLM2: top-1 agreement with the float32
-        model 0.973); the true top token is among the kernel's top 64 unless
-        the rounding moves a logit by more than the gap to the 64th, so greedy
-        decoding sees float32 logits where it looks. The rows come from the
-        exact lookup (:meth:`_exact_rows`): 64 rows per position, not the table.
-        Under tensor parallelism each rank refines those of its rows that are
-        among the whole vocabulary's top 64 (the ranks' top values gathered),
-        so the logits are tp=1's; padding rows are never picked.
+        The kernel rounds every block's partial product (the int4 kernel its
+        output) to bfloat16, enough to swap near-tied top tokens (SmolLM2:
+        top-1 agreement with the float32 model 0.973); the true top token is
+        among the kernel's top 64 unless the rounding moves a logit by more
+        than the gap to the 64th, so greedy decoding sees float32 logits
+        where it looks. The rows come from the exact lookup
+        (:meth:`_exact_rows`): ~64 rows per position, not the table.
+
+        Every logit at or above the 64th largest is refined — ties at the
+        64th included, so the set does not hang on how ``topk`` breaks them.
+        Under tensor parallelism the 64th largest is the whole vocabulary's
+        (the ranks' top values gathered) and each rank refines its rows above
+        it: the logits are tp=1's. Padding rows are never picked.
         """
         state = self._state(layer)
         k = min(REFINED_LOGITS, out.shape[1])
@@ -351,13 +360,12 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         if state.real_rows < out.shape[1]:
             scores = out.clone()
             scores[:, state.real_rows:] = float("-inf")
-        values, top = scores.topk(k, dim=1)  # [m, k]
-        rows = self._exact_rows(layer, state, top)  # [m, k, cols] float32
-        exact = torch.bmm(rows, x.unsqueeze(-1)).squeeze(-1).to(out.dtype)
+        values = scores.topk(k, dim=1).values  # [m, k]
         if int(getattr(layer, "tp_size", 1)) > 1:
-            threshold = all_gather(values, dim=1).topk(k, dim=1).values[:, -1:]
-            exact = torch.where(values >= threshold, exact, out.gather(1, top))
-        out.scatter_(1, top, exact)
+            values = all_gather(values, dim=1).topk(k, dim=1).values
+        positions, rows = (scores >= values[:, -1:]).nonzero(as_tuple=True)
+        exact = (self._exact_rows(layer, state, rows) * x[positions]).sum(-1)
+        out[positions, rows] = exact.to(out.dtype)
 
     @staticmethod
     def _int8_head(layer: nn.Module, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -375,3 +383,40 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         for g in range(1, groups):
             out += torch.ops.aten._weight_int8pack_mm(parts[g], codes[g], scales[g])
         return out
+
+
+class GGUFHeadMethod(LinearMethodBase):
+    """An untied output head (``output.weight``) kept as the embedding would keep it for a tied head.
+
+    The head is a linear layer to the core (``ParallelLMHead`` asks for a
+    linear method), so this adapter hands its steps to a
+    :class:`GGUFEmbeddingMethod` that keeps only the head's kernel: int8 codes
+    and scales for Q8_0/Q6_K (top 64 refined exactly, float32 logits), the
+    packed int4 weight for Q4_0/Q4_1/Q4_K (no blocks: nothing is looked up),
+    the load dtype's table for any other type. llama.cpp stores the head of
+    its ``_M`` / ``Q4_0`` files as Q6_K: an 8B Llama's is 525M values, 2.1 GB
+    as float32 and 0.7 GB as int8 codes and scales.
+    """
+
+    layer_state_attr = GGUFEmbeddingMethod.layer_state_attr
+
+    def __init__(self, config: GGUFQuantConfig) -> None:
+        self.config = config
+        self._embedding = GGUFEmbeddingMethod(config)
+
+    def create_weights(self, layer: nn.Module, input_size_per_partition: int, output_partition_sizes: list[int],
+                       input_size: int, output_size: int, params_dtype: torch.dtype, weight_loader: WeightLoader,
+                       **extra: Any) -> None:
+        self._embedding.create_weights(layer, sum(output_partition_sizes), input_size_per_partition, params_dtype,
+                                       weight_loader)
+        state = self.layer_state(layer, GGUFEmbeddingState)
+        state.tied, state.lookups = True, False
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        self._embedding.process_weights_after_loading(layer)
+
+    def layer_plan(self, layer: nn.Module) -> dict[str, Any] | None:
+        return self._embedding.layer_plan(layer)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return self._embedding.apply(layer, x, bias)

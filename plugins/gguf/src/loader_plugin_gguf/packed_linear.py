@@ -176,6 +176,9 @@ class GGUFQuantConfig(QuantizationConfig):
     """The dtype a layer of quantized blocks that cannot stay packed is dequantized to (``None``: the layer's
     own). A ``dtype="auto"`` load sets the kernel's: Q6_K/Q8_0 layers of a Q4_K_M file then take 2 bytes a
     value, not float32's 4 (float tensors keep the layer's dtype)."""
+    head_type: int | None = None
+    """The ggml type of the file's own ``output.weight`` (``None``: the head is tied to the embedding). A type
+    with a head kernel is kept by :class:`~loader_plugin_gguf.embedding.GGUFHeadMethod`."""
     layer_log: dict[str, LayerChoice] = attrs.field(factory=dict, eq=False)
     files: tuple[str, ...] = attrs.field(default=(), eq=False)
     """The load's GGUF files, whose headers ``layer_plan`` plans from (empty: layers are decided at load)."""
@@ -209,13 +212,18 @@ class GGUFQuantConfig(QuantizationConfig):
         }
 
     def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
-        """:class:`GGUFLinearMethod` for every parallel linear layer, and
-        :class:`~loader_plugin_gguf.embedding.GGUFEmbeddingMethod` for the token embedding (an untied output
-        head stays dense)."""
+        """:class:`GGUFLinearMethod` for every parallel linear layer,
+        :class:`~loader_plugin_gguf.embedding.GGUFEmbeddingMethod` for the token embedding and
+        :class:`~loader_plugin_gguf.embedding.GGUFHeadMethod` for an untied output head."""
         if isinstance(layer, LinearBase):
             return GGUFLinearMethod(self)
-        if isinstance(layer, VocabParallelEmbedding) and not isinstance(layer, ParallelLMHead):
-            from .embedding import GGUFEmbeddingMethod  # it imports this module
+        if isinstance(layer, ParallelLMHead):
+            from .embedding import HEAD_KERNEL_TYPES, GGUFHeadMethod  # it imports this module
+
+            # tied (no output.weight): the embedding keeps the table; a float head stays dense (and mapped)
+            return GGUFHeadMethod(self) if self.head_type in HEAD_KERNEL_TYPES else None
+        if isinstance(layer, VocabParallelEmbedding):
+            from .embedding import GGUFEmbeddingMethod
 
             return GGUFEmbeddingMethod(self)
         return None

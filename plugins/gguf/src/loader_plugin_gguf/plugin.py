@@ -82,5 +82,17 @@ def loader_detect_quantization(hf_config: Mapping[str, Any], requested: str | No
     if requested == "gguf" or packing_requested(options):
         # dtype auto: what cannot stay packed is dequantized to the kernel's dtype, not float32
         dense_dtype = kernel_dtype if options.extra.get("dtype_auto") else None
-        return GGUFQuantConfig(kernel_dtype=kernel_dtype, dense_dtype=dense_dtype, files=files)
+        return GGUFQuantConfig(kernel_dtype=kernel_dtype, dense_dtype=dense_dtype, files=files,
+                               head_type=_output_head_type(files))
+    return None
+
+
+def _output_head_type(files: tuple[str, ...]) -> int | None:
+    """The ggml type of ``output.weight`` in any of the load's files (headers are cached), ``None`` if absent."""
+    from .header import read_header
+
+    for file in files:
+        for info in read_header(Path(file)).tensors:
+            if info.name == "output.weight":
+                return int(info.ggml_type)
     return None
