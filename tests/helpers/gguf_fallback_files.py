@@ -74,10 +74,11 @@ def _gguf_name(table: Any, hf_name: str) -> str:
 
 
 def write_fallback_gguf(path: Path, arch: str, *, qtype: GGMLQuantizationType = Q.F32, seed: int = 0,
-                        extra_tensors: dict[str, np.ndarray] | None = None) -> Any:
+                        extra_tensors: dict[str, np.ndarray] | None = None, split_max_tensors: int = 0) -> Any:
     """Write a random ``arch`` model as a GGUF file at ``path``; return the ``transformers`` model it came from.
 
-    2-D weights are stored as ``qtype``; 1-D tensors (norms, biases) as F32, as llama.cpp does.
+    2-D weights are stored as ``qtype``; 1-D tensors (norms, biases) as F32, as llama.cpp does. With
+    ``split_max_tensors`` gguf-py writes a split set ``<stem>-0000i-of-0000n.gguf`` beside ``path`` instead.
     """
     model_type, overrides = GGUF_FAMILIES[arch]
     model = build_hf_model(fallback_config(model_type, **overrides), seed=seed)
@@ -85,7 +86,7 @@ def write_fallback_gguf(path: Path, arch: str, *, qtype: GGMLQuantizationType = 
     arch_enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
     layers = getattr(config, "num_hidden_layers", None) or config.n_layer
     table = gguf.get_tensor_name_map(arch_enum, layers)
-    writer = gguf.GGUFWriter(str(path), arch)
+    writer = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     _add_metadata(writer, arch, config)
     writer.add_file_type(int(qtype) if qtype != Q.F32 else 0)
     tied = bool(getattr(config, "tie_word_embeddings", False))

@@ -80,12 +80,16 @@ def test_bfloat16_load_stays_close_to_float32(tiny_gguf):
     assert relative_error(half.float(), full) < 3e-2
 
 
-def test_split_set_loads_like_the_single_file(tmp_path, tiny_gguf):
+@pytest.mark.parametrize(("family", "parts"), [("qwen2", 4), ("llama", 3)])
+def test_split_set_loads_like_the_single_file(tmp_path, tiny_gguf, family, parts):
+    """The llama's untied ``output.weight`` lies in the last part: the configuration must see every part's
+    tensors (reading only the first part's names tied the head to the embedding: other logits, no error)."""
     from tests.helpers.gguf_files import write_gguf
 
-    single, model = tiny_gguf("qwen2", Q.Q8_0)
-    first = write_gguf(tmp_path / "m.gguf", model, "qwen2", qtype=Q.Q8_0, split_max_tensors=7)
-    assert first.name == "m-00001-of-00004.gguf"
+    single, model = tiny_gguf(family, Q.Q8_0, **({"rope_scaling": None} if family == "llama" else {}))
+    first = write_gguf(tmp_path / "m.gguf", model, family, qtype=Q.Q8_0, split_max_tensors=7)
+    assert first.name == f"m-00001-of-0000{parts}.gguf"
+    assert model.config.tie_word_embeddings == (family == "qwen2")
     ids = torch.arange(9).view(1, 9)
     with torch.no_grad():
         from_parts = loader.load_model(str(tmp_path), dtype="float32")(ids)

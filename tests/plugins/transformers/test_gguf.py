@@ -49,6 +49,22 @@ def test_gguf_through_the_fallback_equals_transformers(tmp_path, arch, qtype):
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
+def test_a_split_set_through_the_fallback_loads_like_the_single_file(tmp_path):
+    """Phi-3's untied ``output.weight`` lies in the last part: the config must see every part's tensors
+    (reading the first part's names only tied the head to the embedding)."""
+    (tmp_path / "single").mkdir()
+    single = write_fallback_gguf(tmp_path / "single" / "model.gguf", "phi3", qtype=Q.Q8_0)
+    assert not single.config.tie_word_embeddings
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    write_fallback_gguf(parts / "model.gguf", "phi3", qtype=Q.Q8_0, split_max_tensors=6)
+    assert len(list(parts.glob("model-*-of-*.gguf"))) > 1
+    with torch.no_grad():
+        from_parts = loader.load_model(str(parts), dtype="float32")(IDS)
+        from_file = loader.load_model(str(tmp_path / "single" / "model.gguf"), dtype="float32")(IDS)
+    assert torch.equal(from_parts, from_file)
+
+
 def _write_arch_only(path: Path, arch: str) -> Path:
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))

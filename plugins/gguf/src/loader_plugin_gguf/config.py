@@ -127,8 +127,12 @@ def _rope_scaling(header: GGUFHeader, meta: _Meta, theta: float, head_dim: int) 
     return llama3_scaling_from_divisors(divisors.tolist(), theta, head_dim, where)
 
 
-def hf_config(header: GGUFHeader) -> dict[str, Any]:
-    """The model configuration for ``header``'s file, shaped like a HF ``config.json``."""
+def hf_config(header: GGUFHeader, tensor_names: frozenset[str] | None = None) -> dict[str, Any]:
+    """The model configuration for ``header``'s file, shaped like a HF ``config.json``.
+
+    ``tensor_names``: every tensor of a split set (``gguf-split`` keeps the metadata in the first part but
+    puts tensors where they fall — an untied ``output.weight`` usually in the last); ``None``: the header's own.
+    """
     meta = _Meta(header)
     arch = meta.arch
     if arch not in ARCHITECTURES:
@@ -146,7 +150,7 @@ def hf_config(header: GGUFHeader) -> dict[str, Any]:
         raise UnsupportedError(f"{header.path}: metadata key '{arch}.rope.dimension_count' is {rotary} but the "
                                f"head size is {head_dim}; partial rotary is not supported")
     theta = meta.number("rope.freq_base") or 10000.0
-    names = header.tensor_names()
+    names = header.tensor_names() if tensor_names is None else tensor_names
     config: dict[str, Any] = {
         "architectures": [ARCHITECTURES[arch]],
         "model_type": arch,

@@ -38,7 +38,8 @@ def loader_read_config(source: Source, weight_format: WeightFormat) -> Mapping[s
     from .config import hf_config
     from .header import read_header
 
-    return hf_config(read_header(Path(weight_format.files[0])))
+    headers = [read_header(Path(file)) for file in weight_format.files]  # cached: the load reads them again
+    return hf_config(headers[0], frozenset().union(*(header.tensor_names() for header in headers)))
 
 
 @hookimpl

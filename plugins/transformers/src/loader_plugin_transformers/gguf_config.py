@@ -70,8 +70,12 @@ def _fields(path: Path) -> tuple[dict[str, Any], list[str]]:
     return values, [tensor.name for tensor in reader.tensors]
 
 
-def config_from_gguf(path: Path, refusal: UnknownArchitectureError) -> dict[str, Any]:
+def config_from_gguf(path: Path, refusal: UnknownArchitectureError, *,
+                     other_parts: tuple[Path, ...] = ()) -> dict[str, Any]:
     """The config transformers derives from the GGUF file at ``path``, shaped like ``config.json``.
+
+    ``other_parts``: the rest of a split set, whose tensor names count too (``gguf-split`` keeps the
+    metadata in the first part but an untied ``output.weight`` usually in the last).
 
     ``refusal`` is the GGUF plugin's error; it is raised again, completed with
     what transformers lacks, when transformers cannot read the architecture either.
@@ -81,6 +85,8 @@ def config_from_gguf(path: Path, refusal: UnknownArchitectureError) -> dict[str,
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     values, tensor_names = _fields(path)
+    for part in other_parts:
+        tensor_names = [*tensor_names, *_fields(part)[1]]
     arch = values.get("general.architecture")
     if isinstance(arch, str) and arch in TENSOR_PROCESSORS and arch not in REWRITTEN:
         raise UnsupportedError(

@@ -47,4 +47,5 @@ def loader_read_config(source: Source, weight_format: WeightFormat
             raise
         from .gguf_config import config_from_gguf
 
-        return config_from_gguf(Path(weight_format.files[0]), refusal)
+        first, *rest = (Path(file) for file in weight_format.files)
+        return config_from_gguf(first, refusal, other_parts=tuple(rest))
