@@ -390,10 +390,10 @@ class GGUFHeadMethod(LinearMethodBase):
 
     The head is a linear layer to the core (``ParallelLMHead`` asks for a
     linear method), so this adapter hands its steps to a
-    :class:`GGUFEmbeddingMethod` that keeps only the head's kernel: int8 codes
-    and scales for Q8_0/Q6_K (top 64 refined exactly, float32 logits), the
-    packed int4 weight for Q4_0/Q4_1/Q4_K (no blocks: nothing is looked up),
-    the load dtype's table for any other type. llama.cpp stores the head of
+    :class:`GGUFEmbeddingMethod` keeping what a tied head keeps: int8 codes
+    and scales for Q8_0/Q6_K, the blocks and a packed int4 copy for
+    Q4_0/Q4_1/Q4_K (the rows the top logits are refined from come from the
+    codes or the blocks), the load dtype's table for any other type. llama.cpp stores the head of
     its ``_M`` / ``Q4_0`` files as Q6_K: an 8B Llama's is 525M values, 2.1 GB
     as float32 and 0.7 GB as int8 codes and scales.
     """
