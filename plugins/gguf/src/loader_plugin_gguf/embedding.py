@@ -47,6 +47,7 @@ from loader.layers import (
     Int4CpuWeight,
     LinearMethodBase,
     ParamLayout,
+    VocabParallelEmbedding,
     WeightLoader,
     int4_unsupported_reason,
     pack_int4,
@@ -93,8 +94,6 @@ class GGUFEmbeddingState:
     ggml_type: int | None = None
     kernel_dtype: torch.dtype = torch.bfloat16
     choice: LayerChoice | None = None
-    real_rows: int = 0
-    """This rank's rows that hold vocabulary entries (the rest pad the table to the TP split)."""
 
 
 def _kept_bytes(state: GGUFEmbeddingState, kernel: str, window: GGUFTensor) -> int:
@@ -177,7 +176,6 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         kernel, reason = self._decide(state, window, device)
         types = (window.stored_type,)
         real = window.shape[0]
-        state.real_rows = real
         delattr(layer, "weight")
         if kernel == "dequantized":
             dense = torch.zeros(state.rows, state.cols, dtype=state.params_dtype, device=device)
@@ -356,10 +354,11 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         """
         state = self._state(layer)
         k = min(REFINED_LOGITS, out.shape[1])
+        real_rows = cast(VocabParallelEmbedding, layer).real_rows  # the rest pad the table to the TP split
         scores = out
-        if state.real_rows < out.shape[1]:
+        if real_rows < out.shape[1]:
             scores = out.clone()
-            scores[:, state.real_rows:] = float("-inf")
+            scores[:, real_rows:] = float("-inf")
         values = scores.topk(k, dim=1).values  # [m, k]
         if int(getattr(layer, "tp_size", 1)) > 1:
             values = all_gather(values, dim=1).topk(k, dim=1).values

@@ -458,7 +458,10 @@ class GGUFLinearMethod(LinearMethodBase):
 
     def int4_weight(self, layer: nn.Module) -> Int4CpuWeight | None:
         """The layer's packed weight (built on its current buffers), ``None`` when it was dequantized."""
-        state = self.layer_state(layer, GGUFLayerState)
+        return self._int4_weight(layer, self.layer_state(layer, GGUFLayerState))
+
+    @staticmethod
+    def _int4_weight(layer: nn.Module, state: GGUFLayerState) -> Int4CpuWeight | None:
         if state.choice is None:
             raise RuntimeError(f"{state.prefix}: weights are not processed yet")
         if state.choice.kernel != "int4":
@@ -478,7 +481,7 @@ class GGUFLinearMethod(LinearMethodBase):
         computes in its own dtype, as the packed kernel does.
         """
         state = self.layer_state(layer, GGUFLayerState)
-        packed = self.int4_weight(layer)
+        packed = self._int4_weight(layer, state)
         weight = cast(torch.Tensor, layer.weight) if packed is None else None
         if weight is not None and state.row_window is None and weight.dtype == x.dtype:
             return torch.nn.functional.linear(x, weight, bias)
