@@ -49,21 +49,21 @@ def _reference_int4pack(codes: torch.Tensor, block_n: int) -> torch.Tensor:
 @pytest.mark.parametrize("n", [16, 48, 64, 80, 144, 256])
 def test_the_byte_level_packing_builds_both_row_blocks_of_torch_s_layout(n, block_n):
     """Blocks of 64 rows (AVX-512 builds) and of 32 (AVX2), whichever this machine runs."""
-    from loader.layers.int4_cpu import _int4pack_bytes
+    from loader.layers.int4_cpu import pack_codes_bytes
 
     codes = torch.randint(0, 16, (96, n), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))  # [K, N]
-    assert torch.equal(_int4pack_bytes(codes.t(), block_n), _reference_int4pack(codes.t(), block_n))
+    assert torch.equal(pack_codes_bytes(codes.t(), block_n), _reference_int4pack(codes.t(), block_n))
 
 
 def test_the_byte_level_packing_knows_this_cpu_s_torch_layout():
     """torch lays int4 rows out in blocks of 64 on AVX512 and of 32 on AVX2 (an AMD EPYC without AVX512 here)."""
-    from loader.layers.int4_cpu import _torch_block_n
+    from loader.layers.int4_cpu import torch_int4_block_n
 
     capability = torch.backends.cpu.get_cpu_capability()
     expected = {"AVX512": 64, "AVX2": 32}.get(capability)
     if expected is None:
         pytest.skip(f"torch dispatches to {capability}: its int4 layout is packed by torch's own op")
-    assert _torch_block_n() == expected
+    assert torch_int4_block_n() == expected
 
 
 @pytest.mark.parametrize("block_n", [32, 64])
@@ -91,9 +91,9 @@ def test_half_split_packing_builds_both_row_blocks_of_torch_s_layout(n, splits, 
 def test_the_byte_level_packing_gives_torch_s_own_int4_layout(n):
     """pack_int4 builds this machine's torch layout with byte operations (no int32 copy of the codes): on AVX2
     (32-row blocks) it used to fall back to the op, whose int32 copy made a 1 GB model's load peak 0.3 GiB higher."""
-    from loader.layers.int4_cpu import _torch_block_n
+    from loader.layers.int4_cpu import torch_int4_block_n
 
-    assert _torch_block_n() in (64, 32)
+    assert torch_int4_block_n() in (64, 32)
     codes = torch.randint(0, 16, (96, n), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))  # [K, N]
     expected = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.t().to(torch.int32).contiguous(), 1)
     assert torch.equal(pack_int4(codes.t(), torch.ones(3, n), torch.zeros(3, n), 32).data, expected)

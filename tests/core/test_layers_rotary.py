@@ -151,6 +151,9 @@ def test_rotation_is_bit_equal_to_rotate_half(rotary_dim, scaling, dtype):  # ty
         ours_q, ours_k = rope(positions, q, k)
         assert torch.equal(ours_q, _rotate_half_reference(rope, positions, q))
         assert torch.equal(ours_k, _rotate_half_reference(rope, positions, k))
+        # q and k heads stacked (how a decoder without q/k norms rotates them): the same values, bit for bit
+        stacked = rope.rotate(positions, torch.cat((q, k), dim=1))
+        assert torch.equal(stacked, torch.cat((ours_q, ours_k), dim=1))
 
 
 def test_layers_share_tables_only_with_equal_settings():

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         pack_int4_half_split,
         pack_int4_half_split_parts,
     )
+    from .int8_cpu import Int8GroupedWeight, int8_grouped_unsupported_reason, pack_int8_grouped
     from .layernorm import RMSNorm
     from .linear import (
         ColumnParallelLinear,
@@ -51,6 +52,7 @@ __all__ = [
     "ColumnParallelLinear",
     "EmbeddingMethodBase",
     "Int4CpuWeight",
+    "Int8GroupedWeight",
     "KERNEL_GROUP_SIZES",
     "KVCache",
     "LinearBase",
@@ -76,10 +78,12 @@ __all__ = [
     "default_weight_loader",
     "get_rope",
     "int4_unsupported_reason",
+    "int8_grouped_unsupported_reason",
     "layout_of",
     "pack_int4",
     "pack_int4_half_split",
     "pack_int4_half_split_parts",
+    "pack_int8_grouped",
     "param_shape",
     "set_param_layout",
     "weight_loader_of",
@@ -97,6 +101,9 @@ _HOME = {
     "pack_int4": "int4_cpu",
     "pack_int4_half_split": "int4_cpu",
     "pack_int4_half_split_parts": "int4_cpu",
+    "Int8GroupedWeight": "int8_cpu",
+    "int8_grouped_unsupported_reason": "int8_cpu",
+    "pack_int8_grouped": "int8_cpu",
     "ColumnParallelLinear": "linear",
     "LinearBase": "linear",
     "MergedColumnParallelLinear": "linear",

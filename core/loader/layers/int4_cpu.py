@@ -28,8 +28,8 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-__all__ = ["KERNEL_GROUP_SIZES", "Int4CpuWeight", "int4_unsupported_reason", "pack_int4",
-           "pack_int4_half_split", "pack_int4_half_split_parts"]
+__all__ = ["KERNEL_GROUP_SIZES", "Int4CpuWeight", "int4_unsupported_reason", "pack_codes_bytes", "pack_int4",
+           "pack_int4_half_split", "pack_int4_half_split_parts", "torch_int4_block_n", "unpack_int4_rows"]
 
 KERNEL_GROUP_SIZES = (32, 64, 128, 256)
 _N_MULTIPLE = 16
@@ -113,9 +113,9 @@ def _pack_codes(codes: torch.Tensor, scales_and_zeros: torch.Tensor, group_size:
     reason = int4_unsupported_reason(n, k, group_size)
     if reason is not None:
         return Int4CpuWeight(codes.to(torch.uint8).contiguous(), scales_and_zeros, group_size, k, reason)
-    block_n = _torch_block_n()
+    block_n = torch_int4_block_n()
     if block_n is not None:
-        data = _int4pack_bytes(codes, block_n)
+        data = pack_codes_bytes(codes, block_n)
     else:
         data = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
     return Int4CpuWeight(data, scales_and_zeros, group_size, k, None)
@@ -174,7 +174,7 @@ def pack_int4_half_split_parts(parts: Sequence[torch.Tensor], scales_and_zeros: 
     if tuple(scales_and_zeros.shape) != (groups, n, 2):
         raise ValueError(f"scales and zeros {tuple(scales_and_zeros.shape)} do not match {len(parts)} half-split "
                          f"parts of {n} rows and {groups} groups")
-    block_n = _torch_block_n()
+    block_n = torch_int4_block_n()
     if int4_unsupported_reason(n, k, HALF_SPLIT_GROUP) is not None or block_n is None:
         qs = parts[0] if len(parts) == 1 else torch.cat(list(parts))
         return _pack_codes(torch.cat((qs & 0x0F, qs >> 4), dim=2).reshape(n, k), scales_and_zeros, HALF_SPLIT_GROUP)
@@ -228,7 +228,7 @@ def _by_column(parts: Sequence[torch.Tensor], n: int, block_n: int) -> torch.Ten
 
 
 def _int4pack_from_half_split(parts: Sequence[torch.Tensor], block_n: int) -> torch.Tensor:
-    """:func:`_int4pack_bytes`'s layout (see there) from half-split codes ``[N_i, G, 16]``, rows in parts.
+    """:func:`pack_codes_bytes`'s layout (see there) from half-split codes ``[N_i, G, 16]``, rows in parts.
 
     Parts whose boundaries fall inside a row block are concatenated first. One byte-level pass transposes
     each block of ``block_n`` rows to ``[2, G, 16, block_n / 2]`` (straight from the parts, strided or not), so
@@ -258,12 +258,12 @@ def _int4pack_from_half_split(parts: Sequence[torch.Tensor], block_n: int) -> to
     return out.view(n, k // 2)
 
 
-def _int4pack_bytes(codes: torch.Tensor, block_n: int) -> torch.Tensor:
+def pack_codes_bytes(codes: torch.Tensor, block_n: int) -> torch.Tensor:
     """torch's CPU int4 layout built with byte operations: the same bytes as
     ``_convert_weight_to_int4pack_for_cpu(codes.int(), 1)`` without its int32 copy of the codes.
 
     The layout (torch 2.13; which ``block_n`` this process's torch uses is read
-    off the op once by :func:`_torch_block_n`): output rows in blocks of
+    off the op once by :func:`torch_int4_block_n`): output rows in blocks of
     ``block_n`` (64 with AVX-512, 32 with AVX2), each block stored as
     ``[K, block_n / 2]`` bytes whose byte ``(k, j)`` holds row ``j`` in its low
     nibble and row ``j + block_n / 2`` in its high one; the last ``N % block_n``
@@ -290,8 +290,40 @@ def _int4pack_bytes(codes: torch.Tensor, block_n: int) -> torch.Tensor:
     return out.view(n, k // 2)
 
 
+def unpack_int4_rows(data: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The uint8 codes ``[len(rows), K]`` of some rows of a weight packed in torch's layout (:func:`pack_codes_bytes`).
+
+    Why: a table kept only packed (an embedding whose head is the int4
+    kernel's) looks rows up from the packed bytes instead of a second copy of
+    its codes. Each row's K bytes sit at a fixed stride — ``block_n / 2`` in a
+    row block, the tail's width in the tail — so one gather reads them all,
+    with no per-row branching or host syncs. Needs the layout known
+    (:func:`torch_int4_block_n`).
+    """
+    block_n = torch_int4_block_n()
+    if block_n is None:
+        raise ValueError("this torch's packed int4 layout is not one loader can read rows back from")
+    n, half_k = (int(s) for s in data.shape)
+    k = 2 * half_k
+    half = block_n // 2
+    full = n // block_n * block_n
+    tail_width = max((n - full) // 2, 1)
+    rows = rows.reshape(-1).to(torch.int64)
+    in_blocks = rows < full
+    within = rows % block_n
+    tail = rows - full
+    # block b, row j: byte (b, k, j mod half), high nibble for the second half; tail row t: byte (k, t / 2)
+    start = torch.where(in_blocks, torch.div(rows, block_n, rounding_mode="floor") * (k * half) + within % half,
+                        full * half_k + torch.div(tail, 2, rounding_mode="floor"))
+    stride = torch.where(in_blocks, half, tail_width)
+    shift = torch.where(in_blocks, torch.div(within, half, rounding_mode="floor"), tail % 2) * 4
+    offsets = start[:, None] + torch.arange(k, device=data.device)[None, :] * stride[:, None]
+    picked = data.reshape(-1)[offsets]
+    return (picked >> shift.to(torch.uint8)[:, None]) & 0x0F
+
+
 @functools.cache
-def _torch_block_n() -> int | None:
+def torch_int4_block_n() -> int | None:
     """The row block of this torch's int4 CPU layout (:data:`_BLOCK_NS`), or ``None`` when neither matches the
     op's bytes (a different torch then packs with its own op, at the cost of an int32 copy of the codes)."""
     generator = torch.Generator().manual_seed(0)
@@ -300,4 +332,4 @@ def _torch_block_n() -> int | None:
     expected = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)
     if expected.dtype != torch.uint8 or expected.shape != (rows, 32):
         return None
-    return next((b for b in _BLOCK_NS if torch.equal(expected, _int4pack_bytes(probe, b))), None)
+    return next((b for b in _BLOCK_NS if torch.equal(expected, pack_codes_bytes(probe, b))), None)

@@ -56,6 +56,21 @@ def test_looked_up_rows_are_gguf_py_dequantization_bit_for_bit(tiny_gguf, qtype)
     assert torch.equal(got, _reference_table(path)[ids])
 
 
+def test_a_tied_q8_0_table_kept_as_two_int4_planes_looks_up_gguf_py_s_rows_bit_for_bit(tiny_gguf):
+    """The tied head's ``int4x2`` kernel keeps no int8 copy of the codes: rows are read back from its planes."""
+    path, model = tiny_gguf("qwen2", Q.Q8_0, **SIZES)
+    loaded, report = loader.load_model_with_report(str(path))
+    record = report.quantization["layers"]["model.embed_tokens"]
+    rows = loaded.model.embed_tokens.num_embeddings_padded  # 288 tokens padded to 320 rows
+    assert record["kernel"] == "int4x2"
+    # the codes (1 B a value), float32 block scales, and the planes' bfloat16 scales and zeros (2 x 2 x 2 B a block)
+    assert record["packed_bytes"] == rows * 256 + rows * 8 * 4 + 2 * rows * 8 * 2 * 2
+    assert not hasattr(loaded.model.embed_tokens, "q8_codes")
+    ids = _ids(model.config.vocab_size)
+    with torch.no_grad():
+        assert torch.equal(loaded.model.embed_tokens(ids), _reference_table(path)[ids])
+
+
 def test_a_bfloat16_load_looks_up_the_rows_the_dequantized_bfloat16_table_has(tiny_gguf):
     path, model = tiny_gguf("llama", Q.Q8_0, **_family_options("llama"))
     ids = _ids(model.config.vocab_size)
@@ -66,7 +81,7 @@ def test_a_bfloat16_load_looks_up_the_rows_the_dequantized_bfloat16_table_has(ti
 
 
 @pytest.mark.parametrize(("qtype", "kernel", "tolerance"), [
-    (Q.Q8_0, "int8", 3e-2),  # int8 codes per block in bfloat16, the top 64 recomputed in float32
+    (Q.Q8_0, "int4x2", 3e-2),  # the codes' two nibble planes through the int4 kernel, the top 64 recomputed
     (Q.Q6_K, "int8", 3e-2),  # int8 codes per 16-value group (q - 32, scale d*sc), as Q8_0
     (Q.Q4_1, "blocks+int4", 3e-2),  # torch's int4 kernel in bfloat16, as the linears
     (Q.Q4_K, "blocks+int4", 3e-2),
@@ -83,7 +98,7 @@ def test_a_tied_head_multiplies_with_the_embeddings_storage(tiny_gguf, qtype, ke
     expected = hidden @ _reference_table(path).t()
     assert got.shape == expected.shape == (2, 5, model.config.vocab_size)
     assert relative_error(got, expected) <= tolerance
-    if kernel == "int8":  # the top logits are exact, so greedy decoding picks what the float32 model picks
+    if kernel in ("int8", "int4x2"):  # the top logits are exact, so greedy decoding picks what the float32 model picks
         top = expected.topk(8, dim=-1).indices
         torch.testing.assert_close(got.gather(-1, top), expected.gather(-1, top), rtol=1e-5, atol=1e-5)
         assert torch.equal(got.argmax(-1), expected.argmax(-1))

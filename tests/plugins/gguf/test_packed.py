@@ -97,8 +97,8 @@ def test_other_block_types_fall_back_per_layer_with_the_reason(tiny_gguf):
     ids = torch.arange(12).view(1, 12)
     model, report = loader.load_model_with_report(str(path), dtype="float32", quantization="gguf")
     layers = report.quantization["layers"]
-    # the embedding and the untied head keep their Q8_0 codes
-    assert report.quantization["kernels"] == {"dequantized": 8, "int8": 2}
+    # the embedding keeps its Q8_0 codes, the untied head them as two int4 planes (its kernel computes in bfloat16)
+    assert report.quantization["kernels"] == {"dequantized": 8, "int8": 1, "int4x2": 1}
     assert layers["model.layers.0.mlp.down_proj"]["reason"] == "ggml type Q8_0 has no packed int4 kernel"
     assert layers["model.layers.0.self_attn.qkv_proj"]["reason"] == "part 'q': ggml type Q8_0 has no packed " \
         "int4 kernel"
@@ -411,3 +411,20 @@ def test_block_fields_read_as_words_or_copied_out_of_unaligned_bytes_are_the_sam
     assert unaligned.storage_offset() == 1
     expected = halves.permute(1, 0, 2)
     assert torch.equal(aligned, expected) and torch.equal(_group_major_fields(unaligned, count), expected)
+
+
+def test_the_packed_weight_follows_its_layer_s_buffers_when_they_are_replaced(tiny_gguf):
+    """The wrapper over a layer's packed buffers is built once, and again when ``module.to`` replaces a buffer."""
+    path, _ = tiny_gguf("llama", Q.Q4_0, rope_scaling=None)
+    model = loader.load_model(str(path))
+    layer = model.model.layers[0].mlp.down_proj
+    method = layer.quant_method
+    x = torch.randn(2, layer.input_size, generator=torch.Generator().manual_seed(0))
+    first = method.int4_weight(layer)
+    assert first is method.int4_weight(layer)
+    expected = layer(x)
+    layer.to(torch.float32)  # the bfloat16 scales and zeros become a new float32 buffer
+    rebuilt = method.int4_weight(layer)
+    assert rebuilt is not first and rebuilt.scales_and_zeros is layer.packed_scales_and_zeros
+    assert rebuilt.scales_and_zeros.dtype == torch.float32
+    assert relative_error(layer(x), expected) <= 1e-2  # the kernel now computes in float32, not bfloat16

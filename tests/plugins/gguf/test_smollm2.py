@@ -20,9 +20,9 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[3]
 QUESTION = "What is the capital of France?"
-HEAD_BYTES = 49152 * 576 + 49152 * 18 * 4 + 49152 * 18 * 2
-"""The Q8_0 embedding kept: int8 codes, float32 block scales (exact lookups) and the tied head's bfloat16 copy
-of them (cast once at load, not per token)."""
+HEAD_BYTES = 49152 * 576 + 49152 * 18 * 4 + 18 * 2 * 49152 * 2 * 2
+"""The Q8_0 embedding kept: its codes as the tied head's two int4 planes (a byte a value; rows are read back from
+them), float32 block scales (exact lookups) and the planes' bfloat16 scales and zeros."""
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_packed_int4_answers_paris_and_agrees_with_the_dequantized_model(loaded,
 
     reference, bundle = loaded
     packed, report = loader.load_model_with_report(str(smollm2), dtype="float32", quantization="gguf")
-    assert report.quantization["kernels"] == {"int4": 120, "int8": 1}  # the tied Q8_0 embedding keeps its codes
+    assert report.quantization["kernels"] == {"int4": 120, "int4x2": 1}  # the tied Q8_0 embedding keeps its codes
     embed = report.quantization["layers"]["model.embed_tokens"]
     assert embed["types"] == ("Q8_0",) and embed["reason"] is None
     assert embed["packed_bytes"] == HEAD_BYTES
@@ -126,7 +126,7 @@ def test_the_default_load_keeps_weights_packed_and_agrees_with_float32_on_chat_p
     reference, bundle = loaded
     packed, report = loader.load_model_with_report(str(smollm2))
     assert report.dtype == "float32"
-    assert report.quantization["kernels"] == {"int4": 120, "int8": 1}  # the tied Q8_0 embedding keeps its codes
+    assert report.quantization["kernels"] == {"int4": 120, "int4x2": 1}  # the tied Q8_0 embedding keeps its codes
     embed = report.quantization["layers"]["model.embed_tokens"]
     assert embed["types"] == ("Q8_0",) and embed["reason"] is None
     assert embed["packed_bytes"] == HEAD_BYTES
@@ -153,5 +153,5 @@ def test_inspect_layers_plans_every_layer_from_the_header_as_the_default_load_re
     assert len(plan) == 121 and all(record is not None for record in plan.values())
     assert plan["model.embed_tokens"]["packed_bytes"] == HEAD_BYTES
     text = run_cli("inspect", str(smollm2), "--layers")
-    assert "kernels on cpu (planned from shapes; no weights read): int4 120, int8 1" in text.stdout
+    assert "kernels on cpu (planned from shapes; no weights read): int4 120, int4x2 1" in text.stdout
     assert "decided at load" not in text.stdout

@@ -28,7 +28,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "tp_gguf.py"
 CASES: dict[str, tuple[str, Q, dict[str, Any]]] = {
     "llama-q4_0": ("llama", Q.Q4_0, {"rope_scaling": None}),
     "llama-q4_k": ("llama", Q.Q4_K, {"rope_scaling": None, "hidden_size": 256, "intermediate_size": 512}),
-    "qwen2-q8_0": ("qwen2", Q.Q8_0, {}),
+    "qwen2-q8_0": ("qwen2", Q.Q8_0, {}),  # the tied head as two int4 planes (int4x2)
     # Q6_K: linears dequantized to bfloat16 (dtype auto), the tied head as int8 codes per 16-value group
     "qwen2-q6_k": ("qwen2", Q.Q6_K, {"hidden_size": 256, "intermediate_size": 512}),
 }
@@ -81,7 +81,7 @@ def test_two_ranks_packed_match_the_single_process_packed_logits_within_1e_5(tp_
     assert torch.equal(got[0], got[1])
     assert relative_error(got[0], expected) <= 1e-5
     single_kernels = {name: layer["kernel"] for name, layer in report.quantization["layers"].items()}
-    assert {"int4", "int8"} & set(single_kernels.values())
+    assert {"int4", "int8", "int4x2"} & set(single_kernels.values())
     for rank in ranks:
         assert rank[str(path)]["packed_logits_layers"] == single_kernels
 

@@ -11,8 +11,12 @@ tensor and indexing it. Stored per type:
   a row is ``codes * d``, bit-equal). Q6_K likewise, per 16-value group: codes
   ``q - 32`` ``[cols / 16, rows, 16]``, scales ``d*sc`` — 1.4 bytes a value
   instead of float32's 4, for the Q6_K embeddings and heads of llama.cpp's
-  ``_M`` files. The layout serves the tied head: each
-  32-column (Q6_K: 16-column) slice of codes is one contiguous int8 matrix for torch's
+  ``_M`` files. A Q8_0 table with a head (``int4x2``) keeps its codes as the
+  head's two int4 planes instead (:mod:`loader.layers.int8_cpu`: one call of
+  torch's int4 kernel over the high and low nibbles, ~3 ms a token for
+  SmolLM2's head against ~7 ms for the per-block int8 calls below) and reads
+  looked-up rows back from them, so rows stay bit-equal. Otherwise the layout
+  serves the head: each 32-column (Q6_K: 16-column) slice of codes is one contiguous int8 matrix for torch's
   ``_weight_int8pack_mm`` with that block's ``d`` as its per-row scale, and the
   head sums the 18 (for 576 columns) partial products (its scales a copy in the
   kernel dtype made at load, ``q8_head_scales``) — exact math on the
@@ -45,12 +49,15 @@ from loader.errors import CheckpointFormatError, UnsupportedError
 from loader.layers import (
     EmbeddingMethodBase,
     Int4CpuWeight,
+    Int8GroupedWeight,
     LinearMethodBase,
     ParamLayout,
     VocabParallelEmbedding,
     WeightLoader,
     int4_unsupported_reason,
+    int8_grouped_unsupported_reason,
     pack_int4,
+    pack_int8_grouped,
     set_param_layout,
 )
 from loader.models import all_gather
@@ -100,6 +107,11 @@ def _kept_bytes(state: GGUFEmbeddingState, kernel: str, window: GGUFTensor) -> i
     """The bytes ``kernel`` keeps for this rank's padded table: what the load's buffers will hold."""
     from .layer_plan import int4_packed_bytes
 
+    if kernel == "int4x2":
+        # the codes as two nibble planes, float32 block scales, and the planes' scales and zeros in the kernel dtype
+        groups = state.cols // INT8_BLOCKS[Q.Q8_0]
+        planes_scales = groups * 2 * state.rows * 2 * state.kernel_dtype.itemsize
+        return state.rows * state.cols + groups * state.rows * 4 + planes_scales
     if kernel == "int8":
         # int8 codes, float32 block scales, and the tied head's copy in the kernel dtype
         groups = state.cols // INT8_BLOCKS[Q(window.info.ggml_type)]
@@ -119,6 +131,13 @@ REFINED_LOGITS = 64
 
 def _buffer(layer: nn.Module, name: str) -> torch.Tensor:
     return cast(torch.Tensor, getattr(layer, name))
+
+
+def _int8_planes(layer: nn.Module, state: GGUFEmbeddingState) -> Int8GroupedWeight:
+    """The ``int4x2`` kernel's weight over this layer's buffers."""
+    planes = Int4CpuWeight(_buffer(layer, "q8_planes"), _buffer(layer, "q8_planes_scales_and_zeros"),
+                           INT8_BLOCKS[Q.Q8_0], state.cols)
+    return Int8GroupedWeight(planes, state.rows)
 
 
 class GGUFEmbeddingMethod(EmbeddingMethodBase):
@@ -184,6 +203,8 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
             state.choice = LayerChoice(kernel, types, 0, reason, dtype_name(state.params_dtype))
         elif kernel == "int8":
             state.choice = LayerChoice(kernel, types, self._keep_int8(layer, state, window))
+        elif kernel == "int4x2":
+            state.choice = LayerChoice(kernel, types, self._keep_int4x2(layer, state, window))
         else:
             size = self._keep_blocks(layer, state, window)
             if kernel == "blocks+int4":
@@ -194,7 +215,7 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
 
     def _decide(self, state: GGUFEmbeddingState, window: GGUFTensor,
                 device: torch.device) -> tuple[str, str | None]:
-        """The kernel (``dequantized``, ``int8``, ``blocks`` or ``blocks+int4``) and why it fell back.
+        """The kernel (``dequantized``, ``int8``, ``int4x2``, ``blocks`` or ``blocks+int4``) and why it fell back.
 
         From the block type, the tied head and the device alone: the load and
         :meth:`layer_plan` both decide here. Sets the state's type and kernel dtype.
@@ -205,8 +226,16 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         if reason is not None:
             return "dequantized", reason
         if state.ggml_type in INT8_BLOCKS:
-            return "int8", None
+            return ("int4x2" if self._int4x2_head(state) else "int8"), None
         return ("blocks+int4" if state.tied else "blocks"), None
+
+    @staticmethod
+    def _int4x2_head(state: GGUFEmbeddingState) -> bool:
+        """Whether a Q8_0 head runs as two int4 planes (:mod:`loader.layers.int8_cpu`): one int4 call instead
+        of the int8 kernel's one call per 32-column block. Not for lookups alone (the int8 codes are copied
+        faster), nor with the float32 kernel (torch's int4 kernel is slow there; the int8 one is exact)."""
+        return (state.tied and state.ggml_type == Q.Q8_0 and state.kernel_dtype != torch.float32
+                and int8_grouped_unsupported_reason(state.rows, state.cols) is None)
 
     def layer_plan(self, layer: nn.Module) -> dict[str, Any] | None:
         """What :meth:`process_weights_after_loading` will record, from the GGUF header alone (nothing read)."""
@@ -262,6 +291,29 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         return size
 
     @staticmethod
+    def _keep_int4x2(layer: nn.Module, state: GGUFEmbeddingState, window: GGUFTensor) -> int:
+        """Q8_0 codes as the head's two int4 planes (rows read back from them), float32 scales ``[groups, rows]``."""
+        raw, _ = window.enclosing_blocks()
+        window.stats.add(raw.numel(), tensors=1)
+        block, size = block_shape(Q.Q8_0)
+        groups, real = state.cols // block, raw.shape[0]
+        blocks = raw.reshape(real, groups, size)
+        codes = blocks[:, :, 2:]  # a view: the planes are built straight from the file's blocks
+        if real < state.rows:  # this rank's share of the padded vocabulary: zero codes (and scales) below
+            padded = torch.zeros(state.rows, groups, block, dtype=torch.uint8)
+            padded[:real].copy_(codes)
+            codes = padded
+        scales = torch.empty(groups, state.rows, dtype=torch.float32)
+        scales[:, :real].copy_(half_at(blocks.reshape(-1, size), 0).view(real, groups).t())
+        scales[:, real:].zero_()
+        weight = pack_int8_grouped(codes, scales, state.kernel_dtype)
+        layer.register_buffer("q8_scales", scales)
+        layer.register_buffer("q8_planes", weight.planes.data)
+        layer.register_buffer("q8_planes_scales_and_zeros", weight.planes.scales_and_zeros)
+        sz = weight.planes.scales_and_zeros
+        return weight.planes.data.numel() + scales.numel() * scales.element_size() + sz.numel() * sz.element_size()
+
+    @staticmethod
     def _keep_blocks(layer: nn.Module, state: GGUFEmbeddingState, window: GGUFTensor) -> int:
         raw, _ = window.enclosing_blocks()
         window.stats.add(raw.numel(), tensors=1)
@@ -300,7 +352,12 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
     def _exact_rows(layer: nn.Module, state: GGUFEmbeddingState, ids: torch.Tensor) -> torch.Tensor:
         """The rows ``ids`` of the kept blocks, float32 ``[*ids.shape, cols]``: exact, whatever the load's dtype."""
         flat = ids.reshape(-1)
-        if state.ggml_type in INT8_BLOCKS:
+        if cast(LayerChoice, state.choice).kernel == "int4x2":
+            groups = state.cols // INT8_BLOCKS[Q.Q8_0]
+            codes = _int8_planes(layer, state).codes(flat).view(-1, groups, INT8_BLOCKS[Q.Q8_0])
+            scales = _buffer(layer, "q8_scales")[:, flat].t()  # [n, groups]
+            rows = (codes.to(torch.float32) * scales.unsqueeze(-1)).reshape(-1, state.cols)
+        elif state.ggml_type in INT8_BLOCKS:
             codes = _buffer(layer, "q8_codes")[:, flat]  # [groups, n, block]
             scales = _buffer(layer, "q8_scales")[:, flat]
             rows = (codes.to(torch.float32) * scales.unsqueeze(-1)).transpose(0, 1).reshape(-1, state.cols)
@@ -320,11 +377,13 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         kernel = cast(LayerChoice, state.choice).kernel
         if kernel == "dequantized":
             return torch.nn.functional.linear(x, _buffer(layer, "weight"), bias)
-        if kernel not in ("int8", "blocks+int4"):
+        if kernel not in ("int8", "int4x2", "blocks+int4"):
             raise RuntimeError(f"{state.prefix}: no output head is tied to this embedding")
         dtype = state.kernel_dtype
         flat = x.reshape(-1, state.cols)
-        if kernel == "int8":
+        if kernel == "int4x2":
+            out = _int8_planes(layer, state).matmul(flat.to(dtype))
+        elif kernel == "int8":
             out = self._int8_head(layer, flat.to(dtype), dtype)
         else:
             packed = Int4CpuWeight(_buffer(layer, "packed_weight"), _buffer(layer, "packed_scales_and_zeros"),

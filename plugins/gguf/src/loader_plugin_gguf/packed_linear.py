@@ -260,6 +260,8 @@ class GGUFLayerState:
     split: RankSplit | None = None
     row_window: tuple[int, int] | None = None
     """``(first row, rows)`` this rank computes over the gathered input; ``None``: the layer's own split."""
+    int4: Int4CpuWeight | None = None
+    """The packed weight over the layer's current buffers, rebuilt when a buffer is replaced (``module.to``)."""
 
 
 @attrs.frozen
@@ -466,10 +468,16 @@ class GGUFLinearMethod(LinearMethodBase):
             raise RuntimeError(f"{state.prefix}: weights are not processed yet")
         if state.choice.kernel != "int4":
             return None
-        data = cast(torch.Tensor, layer.packed_weight)
-        scales_and_zeros = cast(torch.Tensor, layer.packed_scales_and_zeros)
-        # every input column the kernel reads: the layer's own, or all of them for a row window
-        return Int4CpuWeight(data, scales_and_zeros, GROUP_SIZE, int(scales_and_zeros.shape[0]) * GROUP_SIZE)
+        # read from the buffer dict, not Module.__getattr__, and wrapped once: ~6 us of a ~45 us decode call
+        buffers = layer._buffers
+        data, scales_and_zeros = buffers["packed_weight"], buffers["packed_scales_and_zeros"]
+        cached = state.int4
+        if cached is None or cached.data is not data or cached.scales_and_zeros is not scales_and_zeros:
+            assert data is not None and scales_and_zeros is not None
+            # every input column the kernel reads: the layer's own, or all of them for a row window
+            cached = Int4CpuWeight(data, scales_and_zeros, GROUP_SIZE, int(scales_and_zeros.shape[0]) * GROUP_SIZE)
+            state.int4 = cached
+        return cached
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x W^T + b``; a layer keeping its rows over every input column gathers ``x`` and pads with zeros.

@@ -82,12 +82,18 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         batch, seq, _ = hidden.shape
         qkv = self.qkv_proj(hidden)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
-        k = k.view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if type(self).normalize_qk is LlamaAttention.normalize_qk:
+            # nothing between projection and rotary: q and k heads, adjacent in qkv, are rotated as one tensor
+            # (half the rotary's small ops, which dominate a decode step; the same values bit for bit)
+            qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+            qk = qk.view(batch, seq, self.num_heads + self.num_kv_heads, self.head_dim).transpose(1, 2)
+            q, k = self.rotary_emb.rotate(positions, qk).split([self.num_heads, self.num_kv_heads], dim=1)
+        else:
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = q.view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
+            k = k.view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            q, k = self.rotary_emb(positions, *self.normalize_qk(q, k))
         v = v.view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = self.normalize_qk(q, k)
-        q, k = self.rotary_emb(positions, q, k)
         out = self.attn(q, k, v, cache)
         return self.o_proj(out)  # type: ignore[no-any-return]
 
