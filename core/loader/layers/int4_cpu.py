@@ -66,6 +66,11 @@ class Int4CpuWeight:
     def packed(self) -> bool:
         return self.reason is None
 
+    @property
+    def kernel_dtype(self) -> torch.dtype:
+        """The dtype the kernel computes in: its scales' (activations are cast to it)."""
+        return self.scales_and_zeros.dtype
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight ``[N, K]`` (only for unpacked codes: torch's packed layout is opaque)."""
         if self.packed:

@@ -68,6 +68,15 @@ class Int8GroupedWeight:
     planes: Int4CpuWeight
     out_features: int
 
+    @property
+    def in_features(self) -> int:
+        return self.planes.in_features
+
+    @property
+    def kernel_dtype(self) -> torch.dtype:
+        """The dtype the kernel computes in (activations are cast to it); results are float32."""
+        return self.planes.kernel_dtype
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ (codes * scales).T`` in float32 for ``x [..., K]`` in the kernel dtype (each half rounded to it)."""
         both = self.planes.matmul(x)

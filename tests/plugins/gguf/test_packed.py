@@ -17,6 +17,7 @@ import torch
 
 import loader
 from loader.errors import UnsupportedError
+from loader.layers import Int8GroupedWeight
 from loader.testing import simulated_tp
 from loader_plugin_gguf.packed_linear import GGUFLinearMethod
 from loader_plugin_gguf.q4_blocks import decode_q4
@@ -93,32 +94,86 @@ def test_packed_logits_agree_with_the_dequantized_float32_model(tiny_gguf, famil
 
 
 def test_other_block_types_fall_back_per_layer_with_the_reason(tiny_gguf):
-    path, _ = tiny_gguf("llama", Q.Q8_0, rope_scaling=None)
+    path, _ = tiny_gguf("llama", Q.Q5_0, rope_scaling=None)
     ids = torch.arange(12).view(1, 12)
     model, report = loader.load_model_with_report(str(path), dtype="float32", quantization="gguf")
     layers = report.quantization["layers"]
-    # the embedding keeps its Q8_0 codes, the untied head them as two int4 planes (its kernel computes in bfloat16)
-    assert report.quantization["kernels"] == {"dequantized": 8, "int8": 1, "int4x2": 1}
-    assert layers["model.layers.0.mlp.down_proj"]["reason"] == "ggml type Q8_0 has no packed int4 kernel"
-    assert layers["model.layers.0.self_attn.qkv_proj"]["reason"] == "part 'q': ggml type Q8_0 has no packed " \
+    # the embedding keeps its Q5_0 blocks; the untied Q5_0 head has no kernel and stays a dense table
+    assert report.quantization["kernels"] == {"dequantized": 8, "blocks": 1}
+    assert layers["model.layers.0.mlp.down_proj"]["reason"] == "ggml type Q5_0 has no packed int4 kernel"
+    assert layers["model.layers.0.self_attn.qkv_proj"]["reason"] == "part 'q': ggml type Q5_0 has no packed " \
         "int4 kernel"
     with torch.no_grad():
         got, expected = model(ids), loader.load_model(str(path), dtype="float32")(ids)
-    # float32 by name: the linears are the dense model's; the int8 head's top logits are exact float32
-    top = expected.topk(8, dim=-1).indices
-    torch.testing.assert_close(got.gather(-1, top), expected.gather(-1, top), rtol=1e-5, atol=1e-5)
+    # float32 by name: the dequantized linears and the head are the dense model's
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("gguf_name", "layer", "rows"), [
+    ("blk.0.ffn_down.weight", "model.layers.0.mlp.down_proj", slice(None)),
+    ("blk.1.attn_q.weight", "model.layers.1.self_attn.qkv_proj", slice(0, 64)),
+    ("blk.0.ffn_up.weight", "model.layers.0.mlp.gate_up_proj", slice(128, 256)),
+], ids=["down", "q-permuted", "up-fused"])
+def test_q8_0_linears_keep_their_codes_as_two_int4_planes(tiny_gguf, gguf_name, layer, rows):
+    """Q8_0 layers run on the int4 kernel as two nibble planes (``int4x2``): a byte a value, and the weight is
+    gguf-py's dequantization with each block's ``d`` rounded to bfloat16 (codes read back from the planes)."""
+    path, _ = tiny_gguf("llama", Q.Q8_0, rope_scaling=None)
+    model, report = loader.load_model_with_report(str(path), dtype="float32", quantization="gguf")
+    # the linears and the untied head as planes; the embedding alone keeps int8 codes (it is only looked up)
+    assert report.quantization["kernels"] == {"int4x2": 9, "int8": 1}
+    module = dict(model.named_modules())[layer]
+    weight = module.quant_method.int4_weight(module)
+    assert isinstance(weight, Int8GroupedWeight)
+    n = weight.out_features
+    codes = weight.codes(torch.arange(n)).float()[rows]
+    d = weight.planes.scales_and_zeros[:, n:, 0].float().t().repeat_interleave(32, 1)[rows]  # bfloat16(d)
+    expected, raw, _ = _gguf_py(path, gguf_name)
+    blocks = torch.from_numpy(raw).reshape(raw.shape[0], -1, 34)
+    file_codes = blocks[:, :, 2:].contiguous().view(torch.int8).reshape(raw.shape[0], -1).float()
+    file_d = blocks[:, :, :2].contiguous().view(torch.float16)[..., 0].float().repeat_interleave(32, 1)
+    if "attn_q" in gguf_name:
+        expected, file_codes, file_d = (torch.from_numpy(_half_rotary(np.asarray(t), HEADS))
+                                        for t in (expected, file_codes, file_d))
+    assert torch.equal(codes, file_codes)
+    assert torch.equal(d, file_d.bfloat16().float())
+    assert bool(((codes * d - torch.from_numpy(np.asarray(expected))).abs() <= 2**-8 * 128 * file_d.abs()).all())
+    x = torch.randn(3, weight.in_features, generator=torch.Generator().manual_seed(0))
+    got = module(x)
+    dense = (weight.codes(torch.arange(n)).float() *
+             weight.planes.scales_and_zeros[:, n:, 0].float().t().repeat_interleave(32, 1))
+    reference = x.bfloat16().float() @ dense.t()
+    assert relative_error(got, reference) <= 1e-2  # each plane's sums rounded to bfloat16 once
+
+
+def test_a_q8_0_model_runs_on_the_planes_and_agrees_with_float32(tiny_gguf):
+    path, model = tiny_gguf("qwen2", Q.Q8_0)
+    ids = torch.randint(0, model.config.vocab_size, (4, 16), generator=torch.Generator().manual_seed(0))
+    packed, report = loader.load_model_with_report(str(path))
+    assert report.quantization["kernels"] == {"int4x2": 9}  # 8 linears and the tied embedding/head
+    assert report.quantization["packed_bytes"] < 1.3 * path.stat().st_size
+    with torch.no_grad():
+        got, expected = packed(ids), loader.load_model(str(path), dtype="float32")(ids)
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.98
     assert relative_error(got, expected) <= 3e-2
 
 
+def test_q8_0_linears_with_the_float32_kernel_are_dequantized_with_the_reason(tiny_gguf):
+    path, _ = tiny_gguf("llama", Q.Q8_0, rope_scaling=None)
+    _, report = loader.load_model_with_report(str(path), format_options={"kernel_dtype": "float32"})
+    record = report.quantization["layers"]["model.layers.0.mlp.down_proj"]
+    assert record["kernel"] == "dequantized"
+    assert record["reason"] == "ggml type Q8_0 runs as two int4 planes only in bfloat16/float16"
+
+
 def test_a_default_load_dequantizes_what_cannot_stay_packed_to_bfloat16_and_float_tensors_to_float32(tmp_path):
-    """A Q4_K_M-style file (Q6_K and Q8_0 layers among Q4_K): with dtype auto those layers hold bfloat16, half
+    """A Q4_K_M-style file (Q6_K and Q5_0 layers among Q4_K): with dtype auto those layers hold bfloat16, half
     of float32's bytes, and compute in it (activations cast as for the packed kernel); an F16 layer keeps
     float32; ``dtype="float32"`` by name keeps float32 everywhere, exactly as before."""
     from tests.helpers.gguf_files import write_gguf
     from tests.helpers.hf_checkpoints import build_model, tiny_config
 
     config = tiny_config("llama", vocab_size=288, hidden_size=256, intermediate_size=512, rope_scaling=None)
-    types = {"blk.0.attn_v.weight": Q.Q6_K, "blk.0.ffn_down.weight": Q.Q6_K, "blk.1.attn_output.weight": Q.Q8_0,
+    types = {"blk.0.attn_v.weight": Q.Q6_K, "blk.0.ffn_down.weight": Q.Q6_K, "blk.1.attn_output.weight": Q.Q5_0,
              "blk.1.ffn_down.weight": Q.F16, "output.weight": Q.Q6_K}
     path = write_gguf(tmp_path / "k_m.gguf", build_model("llama", config), "llama", qtype=Q.Q4_K,
                       quantized_as=types)
@@ -186,7 +241,8 @@ def test_a_fused_layer_with_one_other_block_type_is_dequantized_and_the_rest_sta
     packed, report = loader.load_model_with_report(str(path), dtype="float32", quantization="gguf")
     choice = report.quantization["layers"]["model.layers.0.mlp.gate_up_proj"]
     assert choice["kernel"] == "dequantized" and choice["types"] == ("Q4_1", "Q8_0")
-    assert choice["reason"] == "part 1: ggml type Q8_0 has no packed int4 kernel"
+    # Q8_0 runs as two int4 planes, Q4_1 as one: one kernel cannot take both
+    assert choice["reason"] == "its parts need different kernels: part 0 int4, part 1 int4x2"
     assert report.quantization["kernels"] == {"int4": 7, "dequantized": 1, "blocks": 1, "blocks+int4": 1}
     dense = loader.load_model(str(path), dtype="float32")  # random Q8_0 blocks: compare weights, not logits
     name = "model.layers.0.mlp.gate_up_proj.weight"

@@ -28,6 +28,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "tp_gguf.py"
 CASES: dict[str, tuple[str, Q, dict[str, Any]]] = {
     "llama-q4_0": ("llama", Q.Q4_0, {"rope_scaling": None}),
     "llama-q4_k": ("llama", Q.Q4_K, {"rope_scaling": None, "hidden_size": 256, "intermediate_size": 512}),
+    "llama-q8_0": ("llama", Q.Q8_0, {"rope_scaling": None}),  # linears and the untied head as int4x2
     "qwen2-q8_0": ("qwen2", Q.Q8_0, {}),  # the tied head as two int4 planes (int4x2)
     # Q6_K: linears dequantized to bfloat16 (dtype auto), the tied head as int8 codes per 16-value group
     "qwen2-q6_k": ("qwen2", Q.Q6_K, {"hidden_size": 256, "intermediate_size": 512}),

@@ -1,4 +1,4 @@
-"""GGUF Q4_0 / Q4_1 / Q4_K weights stay packed on the CPU (torch's int4 kernel).
+"""GGUF Q4_0 / Q4_1 / Q4_K (and Q8_0) weights stay packed on the CPU (torch's int4 kernel).
 
 Chosen by default for a GGUF load on the CPU (see :func:`packing_requested`),
 or always with ``quantization="gguf"``. Dequantized instead, a GGUF file
@@ -12,14 +12,18 @@ is decoded from its blocks into codes, scales and biases (:mod:`.q4_blocks`;
 llama.cpp's q/k rotary interleave is undone on the block rows) and packed by
 :func:`loader.layers.pack_int4` — Q4_0/Q4_1 by :func:`loader.layers.pack_int4_half_split_parts`
 straight from the blocks' nibbles (unpacking every code to a byte first was
-half of a SmolLM2 load).
+half of a SmolLM2 load). A Q8_0 layer keeps its int8 codes as two int4
+planes of the same kernel (``int4x2``, :func:`loader.layers.pack_int8_grouped`:
+``c d = (h - 8) 16d + (l - 8) d + 8d`` for the codes' high and low nibbles),
+a byte a value where dequantized bfloat16 holds two.
 
 A layer falls back to today's dequantized weight, with the reason recorded in
 the load report, when any of its parts is another block type (Q5_x, Q6_K,
-Q8_0, F16, ...: torch's int8 weight-only kernel ``_weight_int8pack_mm`` takes
-one scale per output row, which cannot express their per-16/32-value scales
-exactly), a TP split cuts a block, the kernel refuses the shape, or the target
-device is not the CPU — one layer at a time, so a Q4_K_M-style file mixing
+F16, ...: torch's int8 weight-only kernel ``_weight_int8pack_mm`` takes one
+scale per output row, which cannot express their per-16/32-value scales
+exactly, and the int4 kernel's groups are 32 wide), its parts need different
+kernels (Q8_0 beside Q4 blocks in one fused layer), a TP split cuts a block,
+the kernel refuses the shape, or the target device is not the CPU — one layer at a time, so a Q4_K_M-style file mixing
 types keeps what it can packed. With ``dtype="auto"`` a fallback layer of
 quantized blocks holds the kernel's dtype (bfloat16) rather than float32
 (:attr:`GGUFQuantConfig.dense_dtype`; float tensors keep the layer's dtype).
@@ -65,6 +69,7 @@ import torch
 from loader.errors import CheckpointFormatError, UnsupportedError
 from loader.layers import (
     Int4CpuWeight,
+    Int8GroupedWeight,
     LinearBase,
     LinearMethodBase,
     ParallelLMHead,
@@ -74,14 +79,24 @@ from loader.layers import (
     VocabParallelEmbedding,
     WeightLoader,
     int4_unsupported_reason,
+    int8_grouped_unsupported_reason,
     pack_int4,
     pack_int4_half_split_parts,
+    pack_int8_grouped,
     set_param_layout,
 )
 from loader.models import all_gather
 from loader.weights import CheckpointTensor, RowPermutedTensor
 
-from .q4_blocks import GROUP_SIZE, HALF_SPLIT_TYPES, affine_rows, half_split_rows, packing_reason
+from .q4_blocks import (
+    GROUP_SIZE,
+    HALF_SPLIT_TYPES,
+    affine_rows,
+    half_split_rows,
+    int8_rows,
+    kernel_for,
+    packing_reason,
+)
 from .tensors import GGUFTensor
 
 if TYPE_CHECKING:
@@ -276,6 +291,8 @@ class _Decision:
     shape: tuple[int, int]
     reason: str | None
     row_window: tuple[int, int] | None = None
+    kernel: str = "int4"
+    """``int4`` (Q4 blocks) or ``int4x2`` (Q8_0 codes as two int4 planes) when ``reason`` is ``None``."""
 
 
 class GGUFLinearMethod(LinearMethodBase):
@@ -326,8 +343,7 @@ class GGUFLinearMethod(LinearMethodBase):
             )
         self.layer_state(layer, GGUFLayerState).parts.append(part)
 
-    @staticmethod
-    def _decide(state: GGUFLayerState, device: torch.device) -> _Decision:
+    def _decide(self, state: GGUFLayerState, device: torch.device) -> _Decision:
         """This rank's tensors, their block types, the kept shape and why the layer cannot stay packed.
 
         Decided from the parts' block types, windows and the layer's shape
@@ -357,22 +373,32 @@ class GGUFLinearMethod(LinearMethodBase):
                                            (n, state.cols * state.split.size), None, (start, n)))
         reasons = []
         for candidate in candidates:
-            reason = GGUFLinearMethod._packing_reason(candidate, parts)
+            kernel, reason = self._kernel(state, candidate, parts)
             if reason is None:
-                return candidate
+                return attrs.evolve(candidate, kernel=kernel)
             reasons.append(reason)
         if len(candidates) == 1:
             return attrs.evolve(own, reason=reasons[0])
         # dequantized too, a row window computes what tp=1 does (no partial sums in a narrow dtype)
         return attrs.evolve(candidates[0], reason=f"this rank's rows: {reasons[0]}; its columns: {reasons[1]}")
 
-    @staticmethod
-    def _packing_reason(candidate: _Decision, parts: list[NarrowedPart]) -> str | None:
+    def _kernel(self, state: GGUFLayerState, candidate: _Decision,
+                parts: list[NarrowedPart]) -> tuple[str, str | None]:
+        """The kernel every part of ``candidate`` can run on, or why the layer is dequantized."""
+        kernels = []
         for (_, tensor), part in zip(candidate.tensors, parts, strict=True):
             found = packing_reason(tensor)
+            if found is None and kernel_for(tensor) == "int4x2" and self._kernel_dtype(state) == torch.float32:
+                found = f"ggml type {tensor.stored_type} runs as two int4 planes only in bfloat16/float16"
             if found is not None:
-                return found if part.shard_id is None else f"part {part.shard_id!r}: {found}"
-        return int4_unsupported_reason(*candidate.shape, GROUP_SIZE)
+                return "dequantized", found if part.shard_id is None else f"part {part.shard_id!r}: {found}"
+            kernels.append(kernel_for(tensor))
+        if len(set(kernels)) > 1:
+            named = ", ".join(f"part {part.shard_id!r} {kernel}" for part, kernel in zip(parts, kernels, strict=True))
+            return "dequantized", f"its parts need different kernels: {named}"
+        if kernels[0] == "int4x2":
+            return "int4x2", int8_grouped_unsupported_reason(*candidate.shape)
+        return "int4", int4_unsupported_reason(*candidate.shape, GROUP_SIZE)
 
     def _kernel_dtype(self, state: GGUFLayerState) -> torch.dtype:
         return self.config.kernel_dtype or kernel_dtype_for(state.params_dtype)
@@ -396,11 +422,15 @@ class GGUFLinearMethod(LinearMethodBase):
         delattr(layer, "weight")
         if decision.reason is None:
             dtype = self._kernel_dtype(state)
-            packed = self._pack([tensor for _, tensor in decision.tensors], dtype)
+            tensors = [tensor for _, tensor in decision.tensors]
+            if decision.kernel == "int4x2":
+                packed = self._pack_int8(tensors, dtype).planes
+            else:
+                packed = self._pack(tensors, dtype)
             layer.register_buffer("packed_weight", packed.data)
             layer.register_buffer("packed_scales_and_zeros", packed.scales_and_zeros)
             size = packed.data.numel() + packed.scales_and_zeros.numel() * packed.scales_and_zeros.element_size()
-            state.choice = LayerChoice("int4", decision.types, size)
+            state.choice = LayerChoice(decision.kernel, decision.types, size)
         else:
             dtype = self._dense_dtype(state, decision.types)
             dense = torch.empty(*decision.shape, dtype=dtype, device=device)
@@ -435,8 +465,13 @@ class GGUFLinearMethod(LinearMethodBase):
         finally:
             state.parts.clear()
         if decision.reason is None:
-            size = int4_packed_bytes(*decision.shape, self._kernel_dtype(state))
-            return attrs.asdict(LayerChoice("int4", decision.types, size))
+            rows, cols = decision.shape
+            kernel_dtype = self._kernel_dtype(state)
+            if decision.kernel == "int4x2":  # the planes are an int4 weight of twice the rows
+                size = int4_packed_bytes(2 * rows, cols, kernel_dtype)
+            else:
+                size = int4_packed_bytes(rows, cols, kernel_dtype)
+            return attrs.asdict(LayerChoice(decision.kernel, decision.types, size))
         dtype = dtype_name(self._dense_dtype(state, decision.types))
         return attrs.asdict(LayerChoice("dequantized", decision.types, 0, decision.reason, dtype))
 
@@ -458,15 +493,27 @@ class GGUFLinearMethod(LinearMethodBase):
         biases = torch.cat([d.biases for d in decoded], dim=1)
         return pack_int4(codes, scales, biases, GROUP_SIZE, dtype)
 
-    def int4_weight(self, layer: nn.Module) -> Int4CpuWeight | None:
-        """The layer's packed weight (built on its current buffers), ``None`` when it was dequantized."""
+    @staticmethod
+    def _pack_int8(parts: list[CheckpointTensor], dtype: torch.dtype) -> Int8GroupedWeight:
+        """Q8_0 parts (in row order) as the two int4 planes of their codes; one part packs from the file's view."""
+        decoded = [int8_rows(p) for p in parts]
+        codes = decoded[0].codes if len(decoded) == 1 else torch.cat([d.codes for d in decoded])
+        scales = decoded[0].scales if len(decoded) == 1 else torch.cat([d.scales for d in decoded], dim=1)
+        return pack_int8_grouped(codes, scales, dtype)
+
+    def int4_weight(self, layer: nn.Module) -> Int4CpuWeight | Int8GroupedWeight | None:
+        """The layer's packed weight (built on its current buffers), ``None`` when it was dequantized.
+
+        An :class:`~loader.layers.Int4CpuWeight` for Q4 blocks (``int4``), an
+        :class:`~loader.layers.Int8GroupedWeight` for Q8_0 (``int4x2``, float32 results).
+        """
         return self._int4_weight(layer, self.layer_state(layer, GGUFLayerState))
 
     @staticmethod
-    def _int4_weight(layer: nn.Module, state: GGUFLayerState) -> Int4CpuWeight | None:
+    def _int4_weight(layer: nn.Module, state: GGUFLayerState) -> Int4CpuWeight | Int8GroupedWeight | None:
         if state.choice is None:
             raise RuntimeError(f"{state.prefix}: weights are not processed yet")
-        if state.choice.kernel != "int4":
+        if state.choice.kernel not in ("int4", "int4x2"):
             return None
         # read from the buffer dict, not Module.__getattr__, and wrapped once: ~6 us of a ~45 us decode call
         buffers = layer._buffers
@@ -477,6 +524,8 @@ class GGUFLinearMethod(LinearMethodBase):
             # every input column the kernel reads: the layer's own, or all of them for a row window
             cached = Int4CpuWeight(data, scales_and_zeros, GROUP_SIZE, int(scales_and_zeros.shape[0]) * GROUP_SIZE)
             state.int4 = cached
+        if state.choice.kernel == "int4x2":
+            return Int8GroupedWeight(cached, int(cached.data.shape[0]) // 2)
         return cached
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -498,7 +547,7 @@ class GGUFLinearMethod(LinearMethodBase):
             mine = torch.nn.functional.linear(whole.to(weight.dtype), weight)
         else:
             assert packed is not None
-            mine = packed.matmul(whole.to(packed.scales_and_zeros.dtype))
+            mine = packed.matmul(whole.to(packed.kernel_dtype))
         if state.row_window is None:
             out = mine.to(x.dtype)
         else:

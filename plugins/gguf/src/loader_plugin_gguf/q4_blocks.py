@@ -30,13 +30,16 @@ from .kernels_kquants import QK_K, scale_min_k4, split_nibbles
 from .kernels_legacy import half_at, nibbles
 from .tensors import GGUFTensor
 
-__all__ = ["GROUP_SIZE", "HALF_SPLIT_TYPES", "PACKED_TYPES", "AffineRows", "HalfSplitRows", "affine_rows",
-           "decode_q4", "half_split_rows", "packing_reason"]
+__all__ = ["GROUP_SIZE", "HALF_SPLIT_TYPES", "INT4X2_TYPES", "PACKED_TYPES", "AffineRows", "HalfSplitRows",
+           "Int8Rows", "affine_rows", "decode_q4", "half_split_rows", "int8_rows", "kernel_for", "packing_reason"]
 
 Q = GGMLQuantizationType
 GROUP_SIZE = 32
 PACKED_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q4_K)
 """Block types kept packed: the ones whose blocks are exactly ``code * scale + bias`` per 32 columns."""
+INT4X2_TYPES = (Q.Q8_0,)
+"""Block types kept as int8 codes with one scale per 32 columns, run as two int4 planes
+(:func:`loader.layers.pack_int8_grouped`): ``w = d * q``, ``q`` in ``[-128, 127]``."""
 HALF_SPLIT_TYPES = (Q.Q4_0, Q.Q4_1)
 """Block types whose 32-value blocks store codes two per byte, column ``p`` low and ``p + 16`` high."""
 
@@ -141,13 +144,23 @@ def _gguf_window(tensor: CheckpointTensor) -> tuple[GGUFTensor, torch.Tensor | N
     return tensor, perm
 
 
+def kernel_for(tensor: CheckpointTensor) -> str:
+    """The kernel this part's block type runs on — ``int4`` (:data:`PACKED_TYPES`), ``int4x2``
+    (:data:`INT4X2_TYPES`) or ``dequantized`` — from the header alone."""
+    found = _gguf_window(tensor)
+    if isinstance(found, str):
+        return "dequantized"
+    ggml_type = found[0].info.ggml_type
+    return "int4" if ggml_type in PACKED_TYPES else "int4x2" if ggml_type in INT4X2_TYPES else "dequantized"
+
+
 def packing_reason(tensor: CheckpointTensor) -> str | None:
     """Why this part cannot be packed (it must be dequantized instead), or ``None``; nothing is read."""
     found = _gguf_window(tensor)
     if isinstance(found, str):
         return found
     window, _ = found
-    if window.info.ggml_type not in PACKED_TYPES:
+    if window.info.ggml_type not in PACKED_TYPES + INT4X2_TYPES:
         return f"ggml type {window.stored_type} has no packed int4 kernel"
     if len(window.shape) != 2:
         return f"a {len(window.shape)}-d tensor is not a linear weight"
@@ -171,6 +184,29 @@ def _read_blocks(tensor: CheckpointTensor) -> tuple[GGUFTensor, torch.Tensor, in
         raw = raw.index_select(0, perm - int(perm.min()))
     window.stats.add(raw.numel(), tensors=1)
     return window, raw, skip
+
+
+@attrs.frozen(eq=False)
+class Int8Rows:
+    """One Q8_0 part: its int8 codes (uint8 bytes ``[rows, cols / 32, 32]``, a view into the blocks read) and
+    each block's ``d`` widened to float32, ``[cols / 32, rows]`` (``w = d * code`` exactly)."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+
+
+def int8_rows(tensor: CheckpointTensor) -> Int8Rows:
+    """A Q8_0 part's codes and scales (:func:`packing_reason` ``None``): only its rows and whole blocks are read."""
+    window, raw, skip = _read_blocks(tensor)
+    if window.info.ggml_type not in INT4X2_TYPES:
+        raise ValueError(f"ggml type {window.stored_type} is not one of {[t.name for t in INT4X2_TYPES]}")
+    _, size = block_shape(window.info.ggml_type)
+    rows = raw.shape[0]
+    blocks = raw.contiguous().view(rows, -1, size)
+    groups = slice(skip // GROUP_SIZE, (skip + window.shape[-1]) // GROUP_SIZE)
+    blocks = blocks[:, groups]  # a TP split on a block boundary: this rank's blocks (Q8_0 blocks are 32 wide)
+    scales = half_at(blocks.reshape(-1, size), 0).view(rows, -1).t().contiguous()
+    return Int8Rows(blocks[:, :, 2:], scales)
 
 
 def half_split_rows(tensor: CheckpointTensor) -> HalfSplitRows:
