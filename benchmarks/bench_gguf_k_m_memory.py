@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-OUT = REPO / "benchmarks" / "out"
 LAYERS = 12
 MODES: dict[str, dict[str, Any]] = {
     "auto": {},
@@ -32,22 +31,14 @@ MODES: dict[str, dict[str, Any]] = {
 def k_m_file() -> Path:
     """The Q4_K_M-style file, written on first use (the layers llama.cpp's ``use_more_bits`` picks are Q6_K)."""
     sys.path.insert(0, str(REPO))
-    from tests.helpers.gguf_files import Q, write_gguf
-    from tests.helpers.hf_checkpoints import build_model, tiny_config
+    from benchmarks.random_gguf import ensure_random_llama_gguf
 
-    path = OUT / "llama-k-m-mix.gguf"
-    if path.exists():
-        return path
-    OUT.mkdir(parents=True, exist_ok=True)
-    config = tiny_config("llama", vocab_size=32000, hidden_size=768, intermediate_size=2048,
-                         num_hidden_layers=LAYERS, num_attention_heads=12, num_key_value_heads=4, rope_scaling=None)
     more_bits = [i for i in range(LAYERS) if i < LAYERS // 8 or i >= 7 * LAYERS // 8 or (i - LAYERS // 8) % 3 == 2]
-    types = {f"blk.{i}.{name}.weight": Q.Q6_K for i in more_bits for name in ("attn_v", "ffn_down")}
-    types["output.weight"] = Q.Q6_K
-    partial = path.with_suffix(".partial")
-    write_gguf(partial, build_model("llama", config), "llama", qtype=Q.Q4_K, quantized_as=types)
-    partial.rename(path)
-    return path
+    types = {f"blk.{i}.{name}.weight": "Q6_K" for i in more_bits for name in ("attn_v", "ffn_down")}
+    types["output.weight"] = "Q6_K"
+    return ensure_random_llama_gguf("llama-k-m-mix.gguf", "Q4_K", quantized_as=types, vocab_size=32000,
+                                    hidden_size=768, intermediate_size=2048, num_hidden_layers=LAYERS,
+                                    num_attention_heads=12, num_key_value_heads=4, rope_scaling=None)
 
 
 def main() -> int:

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-OUT = REPO / "benchmarks" / "out"
 MODES: dict[str, dict[str, Any]] = {
     "auto": {},
     "bf16-dequant": {"dtype": "bfloat16", "format_options": {"dequantize": True}},
@@ -58,19 +57,11 @@ print(json.dumps({"load_s": load_s, "held": held, "step_ms": step_ms, "kernels":
 def q8_0_file() -> Path:
     """The random Q8_0 Llama, written on first use."""
     sys.path.insert(0, str(REPO))
-    from tests.helpers.gguf_files import Q, write_gguf
-    from tests.helpers.hf_checkpoints import build_model, tiny_config
+    from benchmarks.random_gguf import ensure_random_llama_gguf
 
-    path = OUT / "llama-q8_0.gguf"
-    if path.exists():
-        return path
-    OUT.mkdir(parents=True, exist_ok=True)
-    config = tiny_config("llama", vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
-                         num_attention_heads=16, num_key_value_heads=4, rope_scaling=None)
-    partial = path.with_suffix(".partial")
-    write_gguf(partial, build_model("llama", config), "llama", qtype=Q.Q8_0)
-    partial.rename(path)
-    return path
+    return ensure_random_llama_gguf("llama-q8_0.gguf", "Q8_0", vocab_size=32000, hidden_size=1024,
+                                    intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+                                    num_key_value_heads=4, rope_scaling=None)
 
 
 def run_once(path: Path, options: dict[str, Any], tokens: int, threads: int) -> dict[str, Any]:
