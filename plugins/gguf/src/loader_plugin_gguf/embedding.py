@@ -66,7 +66,7 @@ from .dequantize import block_shape, dequantize_into
 from .kernels_kquants import q6_k_codes
 from .kernels_legacy import half_at
 from .packed_linear import METHOD_NAME, LayerChoice, dtype_name, kernel_dtype_for
-from .q4_blocks import GROUP_SIZE, PACKED_TYPES, affine_rows
+from .q4_blocks import GROUP_SIZE, PACKED_TYPES, affine_rows, int8_rows
 from .tensors import GGUFTensor
 
 if TYPE_CHECKING:
@@ -293,19 +293,12 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
     @staticmethod
     def _keep_int4x2(layer: nn.Module, state: GGUFEmbeddingState, window: GGUFTensor) -> int:
         """Q8_0 codes as the head's two int4 planes (rows read back from them), float32 scales ``[groups, rows]``."""
-        raw, _ = window.enclosing_blocks()
-        window.stats.add(raw.numel(), tensors=1)
-        block, size = block_shape(Q.Q8_0)
-        groups, real = state.cols // block, raw.shape[0]
-        blocks = raw.reshape(real, groups, size)
-        codes = blocks[:, :, 2:]  # a view: the planes are built straight from the file's blocks
-        if real < state.rows:  # this rank's share of the padded vocabulary: zero codes (and scales) below
-            padded = torch.zeros(state.rows, groups, block, dtype=torch.uint8)
-            padded[:real].copy_(codes)
-            codes = padded
-        scales = torch.empty(groups, state.rows, dtype=torch.float32)
-        scales[:, :real].copy_(half_at(blocks.reshape(-1, size), 0).view(real, groups).t())
-        scales[:, real:].zero_()
+        decoded = int8_rows(window)  # codes: a view of the file's blocks, the planes are built straight from it
+        codes, scales = decoded.codes, decoded.scales
+        real = int(codes.shape[0])
+        if real < state.rows:  # this rank's share of the padded vocabulary: zero codes and scales below
+            codes = torch.nn.functional.pad(codes, (0, 0, 0, 0, 0, state.rows - real))
+            scales = torch.nn.functional.pad(scales, (0, state.rows - real))
         weight = pack_int8_grouped(codes, scales, state.kernel_dtype)
         layer.register_buffer("q8_scales", scales)
         layer.register_buffer("q8_planes", weight.planes.data)
