@@ -108,10 +108,9 @@ def _kept_bytes(state: GGUFEmbeddingState, kernel: str, window: GGUFTensor) -> i
     from .layer_plan import int4_packed_bytes
 
     if kernel == "int4x2":
-        # the codes as two nibble planes, float32 block scales, and the planes' scales and zeros in the kernel dtype
+        # the planes (an int4 weight of twice the rows, as a Q8_0 linear keeps) and float32 block scales
         groups = state.cols // INT8_BLOCKS[Q.Q8_0]
-        planes_scales = groups * 2 * state.rows * 2 * state.kernel_dtype.itemsize
-        return state.rows * state.cols + groups * state.rows * 4 + planes_scales
+        return int4_packed_bytes(2 * state.rows, state.cols, state.kernel_dtype) + groups * state.rows * 4
     if kernel == "int8":
         # int8 codes, float32 block scales, and the tied head's copy in the kernel dtype
         groups = state.cols // INT8_BLOCKS[Q(window.info.ggml_type)]

@@ -387,12 +387,12 @@ class GGUFLinearMethod(LinearMethodBase):
         """The kernel every part of ``candidate`` can run on, or why the layer is dequantized."""
         kernels = []
         for (_, tensor), part in zip(candidate.tensors, parts, strict=True):
-            found = packing_reason(tensor)
-            if found is None and kernel_for(tensor) == "int4x2" and self._kernel_dtype(state) == torch.float32:
+            found, kernel = packing_reason(tensor), kernel_for(tensor)
+            if found is None and kernel == "int4x2" and self._kernel_dtype(state) == torch.float32:
                 found = f"ggml type {tensor.stored_type} runs as two int4 planes only in bfloat16/float16"
             if found is not None:
                 return "dequantized", found if part.shard_id is None else f"part {part.shard_id!r}: {found}"
-            kernels.append(kernel_for(tensor))
+            kernels.append(kernel)
         if len(set(kernels)) > 1:
             named = ", ".join(f"part {part.shard_id!r} {kernel}" for part, kernel in zip(parts, kernels, strict=True))
             return "dequantized", f"its parts need different kernels: {named}"
