@@ -95,3 +95,19 @@ def test_what_the_planes_refuse_is_named():
     with pytest.raises(ValueError, match="do not describe groups of 32 input columns"):
         pack_int8_grouped(codes.reshape(24, 4, 16), scales)
     assert isinstance(pack_int8_grouped(codes[:16], scales[:, :16]).planes, Int4CpuWeight)
+
+
+def test_a_torch_whose_int4_layout_is_unknown_is_refused_by_name(monkeypatch):
+    """Another torch build may lay int4 rows out differently: the planes could not be read back, so they are refused."""
+    import loader.layers.int4_cpu as int4_cpu
+    import loader.layers.int8_cpu as int8_cpu
+
+    monkeypatch.setattr(int8_cpu, "torch_int4_block_n", lambda: None)
+    monkeypatch.setattr(int4_cpu, "torch_int4_block_n", lambda: None)
+    message = "this torch's packed int4 layout is not one loader can read rows back from"
+    assert int8_grouped_unsupported_reason(64, 64) == message
+    codes, scales = _weight(64, 64)
+    with pytest.raises(ValueError, match=message):
+        pack_int8_grouped(codes, scales)
+    with pytest.raises(ValueError, match=message):
+        unpack_int4_rows(torch.zeros(64, 32, dtype=torch.uint8), torch.tensor([0]))
