@@ -3,7 +3,7 @@
 Each file mixes block types so that every way a layer is decided shows up:
 packed (Q4_0, Q4_1, Q4_K, mixed within one fused layer), a type with no packed
 kernel (Q6_K, F16), parts needing different kernels (Q8_0's int4x2 beside Q4
-in one fused layer), output features that are not a multiple of 16, a TP split
+in one fused layer: a segment each), output features that are not a multiple of 16, a TP split
 cutting a 32-value group, and the embedding (int8 codes for Q8_0, blocks plus
 the tied head's int4 for Q4_1).
 """
@@ -55,8 +55,10 @@ def test_inspect_plans_each_layer_exactly_as_the_load_records_it(mixed):
         "kernel": "int4", "types": ["Q4_K", "Q4_0", "Q4_1"], "packed_bytes": 512 * 256 // 2 + 8 * 512 * 2 * 2,
         "reason": None, "dtype": None}
     assert plan["model.layers.0.self_attn.o_proj"]["reason"] == "ggml type Q6_K has no packed int4 kernel"
-    assert plan["model.layers.1.self_attn.qkv_proj"]["reason"] == ("its parts need different kernels: "
-                                                                   "part 'q' int4, part 'k' int4, part 'v' int4x2")
+    # q and k on the int4 kernel, v (Q8_0) beside them as two int4 planes: one segment each, both packed
+    assert plan["model.layers.1.self_attn.qkv_proj"] == {
+        "kernel": "int4+int4x2", "types": ["Q4_1", "Q4_1", "Q8_0"], "reason": None, "dtype": None,
+        "packed_bytes": (384 * 256 // 2 + 8 * 384 * 2 * 2) + (2 * 128 * 256 // 2 + 8 * 2 * 128 * 2 * 2)}
     assert plan["model.layers.0.self_attn.o_proj"]["dtype"] == "bfloat16"  # dtype auto: the kernel's, not float32
     assert plan["model.layers.0.mlp.down_proj"]["reason"] == "ggml type F16 has no packed int4 kernel"
     assert plan["model.layers.0.mlp.down_proj"]["dtype"] == "float32"  # a float tensor keeps the load's dtype
@@ -70,10 +72,11 @@ def test_inspect_plans_each_layer_exactly_as_the_load_records_it(mixed):
 def test_the_text_table_lists_each_layer_s_block_types(mixed):
     text = run_cli("inspect", str(mixed), "--layers")
     assert text.returncode == 0, text.stderr
-    assert ("kernels on cpu (planned from shapes; no weights read): dequantized 6, int4 2, int8 1, blocks+int4 1"
-            in text.stdout)  # blocks+int4: the untied output head
-    assert ("  dequantized (1 layer): its parts need different kernels: part 'q' int4, part 'k' int4, "
-            "part 'v' int4x2") in text.stdout
+    assert ("kernels on cpu (planned from shapes; no weights read): dequantized 5, int4 2, int8 1, int4+int4x2 1, "
+            "blocks+int4 1" in text.stdout)  # blocks+int4: the untied output head
+    assert "  dequantized (2 layers): output features 72 are not a multiple of 16" in text.stdout
+    row = next(line for line in text.stdout.splitlines() if line.startswith("model.layers.1.self_attn.qkv_proj"))
+    assert row.split()[1:] == ["int4+int4x2", "Q4_1,", "Q4_1,", "Q8_0", "102400"]
     row = next(line for line in text.stdout.splitlines() if line.startswith("model.layers.0.self_attn.qkv_proj"))
     assert row.split()[1:] == ["int4", "Q4_K,", "Q4_0,", "Q4_1", str(512 * 256 // 2 + 8 * 512 * 2 * 2)]
     assert "decided at load" not in text.stdout

@@ -16,9 +16,11 @@ import pytest
 import torch
 
 import loader
+from loader._pipeline.plan import plan_layers
 from loader.errors import UnsupportedError
 from loader.layers import Int8GroupedWeight
 from loader.testing import simulated_tp
+from loader_plugin_gguf.layer_plan import int4_packed_bytes
 from loader_plugin_gguf.packed_linear import GGUFLinearMethod
 from loader_plugin_gguf.q4_blocks import decode_q4
 from tests.helpers.gguf_files import Q
@@ -181,10 +183,17 @@ def test_a_default_load_dequantizes_what_cannot_stay_packed_to_bfloat16_and_floa
     modules = dict(model.named_modules())
     layers = report.quantization["layers"]
     assert report.quantization["dense_dtype"] == "bfloat16"
-    for name in ("model.layers.0.self_attn.qkv_proj", "model.layers.0.mlp.down_proj",
-                 "model.layers.1.self_attn.o_proj"):
+    for name in ("model.layers.0.mlp.down_proj", "model.layers.1.self_attn.o_proj"):
         assert layers[name]["kernel"] == "dequantized" and layers[name]["dtype"] == "bfloat16", name
         assert modules[name].weight.dtype == torch.bfloat16
+    # the Q6_K v beside Q4_K q and k: q and k stay packed, v alone is dequantized (to bfloat16)
+    qkv = layers["model.layers.0.self_attn.qkv_proj"]
+    assert qkv["kernel"] == "int4+dequantized" and qkv["dtype"] == "bfloat16"
+    assert qkv["reason"] == "part 'v': ggml type Q6_K has no packed int4 kernel"
+    qkv_layer = modules["model.layers.0.self_attn.qkv_proj"]
+    assert [(s.start, s.rows, s.kernel) for s in qkv_layer.quant_method.segments(qkv_layer)] == [
+        (0, 256 + 128, "int4"), (384, 128, "dequantized")]
+    assert qkv_layer.segment1_weight.dtype == torch.bfloat16
     assert layers["model.layers.1.mlp.down_proj"]["dtype"] == "float32"
     assert modules["model.layers.1.mlp.down_proj"].weight.dtype == torch.float32
     # the untied Q6_K head: int8 codes and scales per 16-value group, 1.4 bytes a value, not a float32 table
@@ -231,23 +240,118 @@ def test_a_non_gguf_checkpoint_is_refused_by_name(tmp_path):
         loader.load_model(str(folder), dtype="float32", quantization="gguf")
 
 
-def test_a_fused_layer_with_one_other_block_type_is_dequantized_and_the_rest_stay_packed(tmp_path):
+def _segment_weights(model: torch.nn.Module, name: str) -> list[tuple[int, str, torch.Tensor]]:
+    """Each segment of the fused layer ``name``: its first output row, kernel and the float32 weight it holds."""
+    layer = dict(model.named_modules())[name]
+    method = layer.quant_method
+    assert isinstance(method, GGUFLinearMethod)
+    out = []
+    for segment in method.segments(layer):
+        weight = segment.weight
+        if isinstance(weight, torch.Tensor):
+            dense = weight.to(torch.float32)
+        else:
+            dense = weight.matmul(torch.eye(weight.in_features)).t()  # float32: the weight itself, exactly
+        out.append((segment.start, segment.kernel, dense))
+    return out
+
+
+def test_a_fused_layer_whose_parts_need_different_kernels_keeps_each_run_of_parts_on_its_own(tmp_path):
+    """gate Q4_1 beside up Q8_0: two packed segments (int4, int4x2); q/k Q4_1 beside an F16 v: q and k stay
+    packed, only v is dense. Each segment holds what a layer of its parts alone would, and the layer's output
+    is the segments' outputs side by side."""
     from tests.helpers.gguf_files import write_gguf
     from tests.helpers.hf_checkpoints import build_model, tiny_config
 
     model = build_model("llama", tiny_config("llama", vocab_size=288, rope_scaling=None))
     path = write_gguf(tmp_path / "mixed.gguf", model, "llama", qtype=Q.Q4_1,
-                      tensor_types={"blk.0.ffn_up.weight": Q.Q8_0})
-    packed, report = loader.load_model_with_report(str(path), dtype="float32", quantization="gguf")
-    choice = report.quantization["layers"]["model.layers.0.mlp.gate_up_proj"]
-    assert choice["kernel"] == "dequantized" and choice["types"] == ("Q4_1", "Q8_0")
-    # Q8_0 runs as two int4 planes, Q4_1 as one: one kernel cannot take both
-    assert choice["reason"] == "its parts need different kernels: part 0 int4, part 1 int4x2"
-    assert report.quantization["kernels"] == {"int4": 7, "dequantized": 1, "blocks": 1, "blocks+int4": 1}
-    dense = loader.load_model(str(path), dtype="float32")  # random Q8_0 blocks: compare weights, not logits
-    name = "model.layers.0.mlp.gate_up_proj.weight"
-    torch.testing.assert_close(dict(packed.named_parameters())[name], dict(dense.named_parameters())[name],
-                               rtol=0, atol=0, equal_nan=True)
+                      quantized_as={"blk.0.ffn_up.weight": Q.Q8_0, "blk.1.attn_v.weight": Q.F16})
+    uniform = write_gguf(tmp_path / "uniform.gguf", model, "llama", qtype=Q.Q4_1)
+    packed, report = loader.load_model_with_report(str(path), quantization="gguf")
+    layers = report.quantization["layers"]
+    gate_up = layers["model.layers.0.mlp.gate_up_proj"]
+    assert gate_up == {"kernel": "int4+int4x2", "types": ("Q4_1", "Q8_0"), "reason": None, "dtype": None,
+                       "packed_bytes": int4_packed_bytes(128, 64, torch.bfloat16)
+                       + int4_packed_bytes(2 * 128, 64, torch.bfloat16)}
+    qkv = layers["model.layers.1.self_attn.qkv_proj"]
+    assert qkv == {"kernel": "int4+dequantized", "types": ("Q4_1", "Q4_1", "F16"),
+                   "reason": "part 'v': ggml type F16 has no packed int4 kernel", "dtype": "float32",
+                   "packed_bytes": int4_packed_bytes(96, 64, torch.bfloat16)}
+    assert report.quantization["kernels"] == {"int4": 6, "int4+int4x2": 1, "int4+dequantized": 1, "blocks": 1,
+                                              "blocks+int4": 1}
+    whole = loader.load_model(str(uniform), quantization="gguf")  # every part Q4_1: one int4 weight a layer
+    dense = dict(loader.load_model(str(path), dtype="float32").named_parameters())
+    (gate_at, gate_kernel, gate), (up_at, up_kernel, up) = _segment_weights(packed, "model.layers.0.mlp.gate_up_proj")
+    assert (gate_at, gate_kernel, up_at, up_kernel) == (0, "int4", 128, "int4x2")
+    assert torch.equal(gate, _packed(whole, "model.layers.0.mlp.gate_up_proj")[:128])
+    # Q8_0 through the planes: each code times bf16(d), within bfloat16's rounding of d of the dequantized weight
+    up_dense = dense["model.layers.0.mlp.gate_up_proj.weight"][128:]
+    assert not torch.equal(up, up_dense) and bool(((up - up_dense).abs() <= 2**-8 * up_dense.abs()).all())
+    (qk_at, qk_kernel, qk), (v_at, v_kernel, v) = _segment_weights(packed, "model.layers.1.self_attn.qkv_proj")
+    assert (qk_at, qk_kernel, v_at, v_kernel) == (0, "int4", 96, "dequantized")
+    assert torch.equal(qk, _packed(whole, "model.layers.1.self_attn.qkv_proj")[:96])
+    assert v.dtype == torch.float32 and torch.equal(v, dense["model.layers.1.self_attn.qkv_proj.weight"][96:])
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
+    for name in ("model.layers.0.mlp.gate_up_proj", "model.layers.1.self_attn.qkv_proj"):
+        layer = dict(packed.named_modules())[name]
+        with torch.no_grad():
+            got = layer(x)
+        expected = torch.cat([torch.nn.functional.linear(x if kernel == "dequantized" else x.bfloat16().float(), w)
+                              for _, kernel, w in _segment_weights(packed, name)], dim=-1)
+        assert got.dtype == torch.float32 and got.shape == (3, expected.shape[-1])
+        assert relative_error(got, expected) <= 1e-2, name
+    ids = torch.arange(12).view(1, 12)
+    with torch.no_grad():
+        logits, reference = packed(ids), loader.load_model(str(path), dtype="float32")(ids)
+    assert relative_error(logits, reference) <= 3e-2
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_each_tp_rank_keeps_its_own_rows_of_every_segment(tiny_gguf, rank):
+    """tp=2: a segmented layer's runs narrow to this rank's rows of each part, on the kernels tp=1 chose."""
+    mixed = {"blk.0.attn_v.weight": Q.F16, "blk.1.ffn_up.weight": Q.Q8_0}
+    path, _ = tiny_gguf("llama", Q.Q4_0, rope_scaling=None, quantized_as=mixed)
+    whole = loader.load_model(str(path), quantization="gguf")
+    with simulated_tp(rank, 2):
+        shard, report = loader.load_model_with_report(str(path), quantization="gguf")
+        plan = plan_layers(str(path))["layers"]
+    assert plan == report.quantization["layers"]
+    assert report.quantization["layers"]["model.layers.0.self_attn.qkv_proj"]["kernel"] == "int4+dequantized"
+    assert report.quantization["layers"]["model.layers.1.mlp.gate_up_proj"]["kernel"] == "int4+int4x2"
+    for name, parts in (("model.layers.0.self_attn.qkv_proj", ((0, 64), (64, 32), (96, 32))),
+                        ("model.layers.1.mlp.gate_up_proj", ((0, 128), (128, 128)))):
+        full = torch.cat([w for _, _, w in _segment_weights(whole, name)])
+        mine = torch.cat([full[start + rank * size // 2:start + (rank + 1) * size // 2] for start, size in parts])
+        got = _segment_weights(shard, name)
+        assert [kernel for _, kernel, _ in got] == [kernel for _, kernel, _ in _segment_weights(whole, name)]
+        assert torch.equal(torch.cat([w for _, _, w in got]), mine), name
+
+
+def test_a_fused_layer_whose_parts_all_fall_back_is_one_dense_weight_and_a_refused_run_joins_it(tmp_path):
+    """Parts that all need dequantizing stay one dense weight (no segments); a run of packable parts the kernel
+    refuses (output features not a multiple of 16) is dequantized beside them, with the kernel's reason."""
+    from tests.helpers.gguf_files import write_gguf
+    from tests.helpers.hf_checkpoints import build_model, tiny_config
+
+    model = build_model("llama", tiny_config("llama", vocab_size=288, rope_scaling=None))
+    every = {f"blk.0.attn_{part}.weight": Q.F16 for part in "qkv"}
+    path = write_gguf(tmp_path / "f16.gguf", model, "llama", qtype=Q.Q4_1, quantized_as=every)
+    loaded, report = loader.load_model_with_report(str(path), quantization="gguf")
+    qkv = report.quantization["layers"]["model.layers.0.self_attn.qkv_proj"]
+    assert qkv["kernel"] == "dequantized" and qkv["reason"] == "part 'q': ggml type F16 has no packed int4 kernel"
+    layer = dict(loaded.named_modules())["model.layers.0.self_attn.qkv_proj"]
+    assert layer.quant_method.segments(layer) == [] and layer.weight.shape == (128, 64)
+    # eight heads of 8, one KV head: q and k are 64 + 8 rows, which the kernel refuses; v is F16
+    narrow = tiny_config("llama", vocab_size=288, rope_scaling=None, num_attention_heads=8, num_key_value_heads=1)
+    path = write_gguf(tmp_path / "q_k_72.gguf", build_model("llama", narrow), "llama", qtype=Q.Q4_1,
+                      quantized_as={"blk.0.attn_v.weight": Q.F16})
+    loaded, report = loader.load_model_with_report(str(path), quantization="gguf")
+    qkv = report.quantization["layers"]["model.layers.0.self_attn.qkv_proj"]
+    assert qkv == {"kernel": "dequantized", "types": ("Q4_1", "Q4_1", "F16"), "packed_bytes": 0,
+                   "reason": "parts 'q', 'k': output features 72 are not a multiple of 16; part 'v': ggml type "
+                             "F16 has no packed int4 kernel", "dtype": "float32"}
+    layer = dict(loaded.named_modules())["model.layers.0.self_attn.qkv_proj"]
+    assert layer.quant_method.segments(layer) == [] and layer.weight.shape == (80, 64)
 
 
 def test_bad_input_is_the_same_named_error_with_the_packed_path(tmp_path):
@@ -483,4 +587,23 @@ def test_the_packed_weight_follows_its_layer_s_buffers_when_they_are_replaced(ti
     rebuilt = method.int4_weight(layer)
     assert rebuilt is not first and rebuilt.scales_and_zeros is layer.packed_scales_and_zeros
     assert rebuilt.scales_and_zeros.dtype == torch.float32
+    assert relative_error(layer(x), expected) <= 1e-2  # the kernel now computes in float32, not bfloat16
+
+
+def test_a_segmented_layer_follows_its_buffers_when_they_are_replaced(tiny_gguf):
+    """A segmented layer's wrappers are built once, and again when ``module.to`` replaces a segment's buffer."""
+    path, _ = tiny_gguf("llama", Q.Q4_0, rope_scaling=None, quantized_as={"blk.1.ffn_up.weight": Q.Q8_0})
+    model = loader.load_model(str(path))
+    layer = model.model.layers[1].mlp.gate_up_proj
+    method = layer.quant_method
+    x = torch.randn(2, layer.input_size, generator=torch.Generator().manual_seed(0))
+    first = method.segments(layer)
+    assert [s.kernel for s in first] == ["int4", "int4x2"]
+    assert all(a.weight is b.weight for a, b in zip(first, method.segments(layer), strict=True))
+    expected = layer(x)
+    layer.to(torch.float32)  # every segment's bfloat16 scales and zeros become new float32 buffers
+    rebuilt = method.segments(layer)
+    assert rebuilt[0].weight.scales_and_zeros is layer.segment0_packed_scales_and_zeros
+    assert rebuilt[1].weight.planes.scales_and_zeros is layer.segment1_packed_scales_and_zeros
+    assert rebuilt[1].weight.kernel_dtype == torch.float32
     assert relative_error(layer(x), expected) <= 1e-2  # the kernel now computes in float32, not bfloat16

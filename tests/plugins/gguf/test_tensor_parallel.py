@@ -30,6 +30,9 @@ CASES: dict[str, tuple[str, Q, dict[str, Any]]] = {
     "llama-q4_k": ("llama", Q.Q4_K, {"rope_scaling": None, "hidden_size": 256, "intermediate_size": 512}),
     "llama-q8_0": ("llama", Q.Q8_0, {"rope_scaling": None}),  # linears and the untied head as int4x2
     "qwen2-q8_0": ("qwen2", Q.Q8_0, {}),  # the tied head as two int4 planes (int4x2)
+    # fused layers whose parts need different kernels: q/k int4 beside a dense F16 v, gate int4 beside up int4x2
+    "llama-mixed": ("llama", Q.Q4_0, {"rope_scaling": None, "quantized_as": {"blk.0.attn_v.weight": Q.F16,
+                                                                             "blk.1.ffn_up.weight": Q.Q8_0}}),
     # Q6_K: linears dequantized to bfloat16 (dtype auto), the tied head as int8 codes per 16-value group
     "qwen2-q6_k": ("qwen2", Q.Q6_K, {"hidden_size": 256, "intermediate_size": 512}),
 }

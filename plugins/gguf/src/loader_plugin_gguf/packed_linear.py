@@ -18,13 +18,16 @@ planes of the same kernel (``int4x2``, :func:`loader.layers.pack_int8_grouped`:
 a byte a value where dequantized bfloat16 holds two.
 
 A layer falls back to today's dequantized weight, with the reason recorded in
-the load report, when any of its parts is another block type (Q5_x, Q6_K,
-F16, ...: torch's int8 weight-only kernel ``_weight_int8pack_mm`` takes one
-scale per output row, which cannot express their per-16/32-value scales
-exactly, and the int4 kernel's groups are 32 wide), its parts need different
-kernels (Q8_0 beside Q4 blocks in one fused layer), a TP split cuts a block,
-the kernel refuses the shape, or the target device is not the CPU — one layer at a time, so a Q4_K_M-style file mixing
-types keeps what it can packed. With ``dtype="auto"`` a fallback layer of
+the load report, when its parts are another block type (Q5_x, Q6_K, F16, ...:
+torch's int8 weight-only kernel ``_weight_int8pack_mm`` takes one scale per
+output row, which cannot express their per-16/32-value scales exactly, and
+the int4 kernel's groups are 32 wide), a TP split cuts a block, the kernel
+refuses the shape, or the target device is not the CPU — one layer at a
+time, so a Q4_K_M-style file mixing types keeps what it can packed. A fused
+layer whose parts need different kernels (a Q6_K ``v`` beside Q4_K ``q`` and
+``k``, Q8_0 beside Q4) keeps each run of consecutive parts on its own kernel
+(:class:`LayerSegment`, kernel ``int4+dequantized`` / ``int4+int4x2``): one
+call per segment, the outputs side by side. With ``dtype="auto"`` a fallback layer of
 quantized blocks holds the kernel's dtype (bfloat16) rather than float32
 (:attr:`GGUFQuantConfig.dense_dtype`; float tensors keep the layer's dtype).
 Every reason is decided from block types and shapes before a block is read,
@@ -100,12 +103,15 @@ from .q4_blocks import (
 from .tensors import GGUFTensor
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from torch import nn
 
     from loader.checkpoint import LoadOptions
     from loader.layers import NarrowedPart, QuantizeMethodBase
 
-__all__ = ["METHOD_NAME", "GGUFLayerState", "GGUFLinearMethod", "GGUFQuantConfig", "LayerChoice", "RankSplit",
+__all__ = ["METHOD_NAME", "GGUFLayerState", "GGUFLinearMethod", "GGUFQuantConfig", "LayerChoice", "LayerSegment",
+           "RankSplit",
            "dtype_name", "kernel_dtype_for", "kernel_dtype_requested", "packing_requested"]
 
 METHOD_NAME = "gguf"
@@ -277,6 +283,23 @@ class GGUFLayerState:
     """``(first row, rows)`` this rank computes over the gathered input; ``None``: the layer's own split."""
     int4: Int4CpuWeight | None = None
     """The packed weight over the layer's current buffers, rebuilt when a buffer is replaced (``module.to``)."""
+    segments: list[LayerSegment] = attrs.field(factory=list)
+    """A fused layer whose parts need different kernels: one per run of parts on one kernel (else empty)."""
+
+
+@attrs.frozen(eq=False)
+class LayerSegment:
+    """Output rows ``[start, start + rows)`` of a fused layer computed by one kernel.
+
+    :ivar kernel: ``int4``, ``int4x2`` or ``dequantized``.
+    :ivar weight: an :class:`~loader.layers.Int4CpuWeight` (``int4``), an
+        :class:`~loader.layers.Int8GroupedWeight` (``int4x2``) or the dense weight ``[rows, cols]``.
+    """
+
+    start: int
+    rows: int
+    kernel: str
+    weight: Int4CpuWeight | Int8GroupedWeight | torch.Tensor
 
 
 @attrs.frozen
@@ -292,7 +315,26 @@ class _Decision:
     reason: str | None
     row_window: tuple[int, int] | None = None
     kernel: str = "int4"
-    """``int4`` (Q4 blocks) or ``int4x2`` (Q8_0 codes as two int4 planes) when ``reason`` is ``None``."""
+    """``int4`` (Q4 blocks) or ``int4x2`` (Q8_0 codes as two int4 planes) when ``reason`` is ``None``;
+    the segments' kernels joined by ``+`` (``int4+dequantized``) when :attr:`segments` is set."""
+    segments: tuple[_PlannedSegment, ...] = ()
+    """A fused layer whose parts need different kernels: its runs of parts, each on its own kernel."""
+
+
+@attrs.frozen
+class _PlannedSegment:
+    """A run of consecutive parts on one kernel: its first output row, tensors (in row order), kernel and why
+    it is dequantized (``None`` when packed)."""
+
+    start: int
+    rows: int
+    tensors: list[CheckpointTensor]
+    types: tuple[str, ...]
+    kernel: str
+    reason: str | None = None
+
+
+_KERNEL_ORDER = ("int4", "int4x2", "dequantized")
 
 
 class GGUFLinearMethod(LinearMethodBase):
@@ -365,6 +407,14 @@ class GGUFLinearMethod(LinearMethodBase):
                                                                           state.cols))])
         if device.type != "cpu":
             return attrs.evolve(own, reason=f"the packed int4 kernel runs on the CPU, not {device}")
+        segments = self._segments(state, own, parts) if state.split is None and len(parts) > 1 else ()
+        if len(segments) == 1:  # every run dequantized after all: one dense weight, with every run's reason
+            return attrs.evolve(own, reason=segments[0].reason)
+        if segments:
+            kernels = {segment.kernel for segment in segments}
+            reasons = [segment.reason for segment in segments if segment.reason is not None]
+            return attrs.evolve(own, segments=segments, reason="; ".join(reasons) or None,
+                                kernel="+".join(k for k in _KERNEL_ORDER if k in kernels))
         candidates = [own]
         if state.split is not None and state.rows % state.split.size == 0:  # or this rank's rows: first choice
             n = state.rows // state.split.size
@@ -382,23 +432,78 @@ class GGUFLinearMethod(LinearMethodBase):
         # dequantized too, a row window computes what tp=1 does (no partial sums in a narrow dtype)
         return attrs.evolve(candidates[0], reason=f"this rank's rows: {reasons[0]}; its columns: {reasons[1]}")
 
-    def _kernel(self, state: GGUFLayerState, candidate: _Decision,
-                parts: list[NarrowedPart]) -> tuple[str, str | None]:
-        """The kernel every part of ``candidate`` can run on, or why the layer is dequantized."""
-        kernels = []
+    def _part_kernels(self, state: GGUFLayerState, candidate: _Decision,
+                      parts: list[NarrowedPart]) -> list[tuple[str, str | None]]:
+        """Each part's kernel (``int4``, ``int4x2``) or ``dequantized`` with the reason, from its block type."""
+        kernels: list[tuple[str, str | None]] = []
         for (_, tensor), part in zip(candidate.tensors, parts, strict=True):
             found, kernel = packing_reason(tensor), kernel_for(tensor)
             if found is None and kernel == "int4x2" and self._kernel_dtype(state) == torch.float32:
                 found = f"ggml type {tensor.stored_type} runs as two int4 planes only in bfloat16/float16"
             if found is not None:
-                return "dequantized", found if part.shard_id is None else f"part {part.shard_id!r}: {found}"
-            kernels.append(kernel)
-        if len(set(kernels)) > 1:
-            named = ", ".join(f"part {part.shard_id!r} {kernel}" for part, kernel in zip(parts, kernels, strict=True))
+                kernels.append(("dequantized", found if part.shard_id is None else f"part {part.shard_id!r}: {found}"))
+            else:
+                kernels.append((kernel, None))
+        return kernels
+
+    def _kernel(self, state: GGUFLayerState, candidate: _Decision,
+                parts: list[NarrowedPart]) -> tuple[str, str | None]:
+        """The kernel every part of ``candidate`` can run on, or why the layer is dequantized."""
+        kernels = self._part_kernels(state, candidate, parts)
+        reason = next((found for _, found in kernels if found is not None), None)
+        if reason is not None:
+            return "dequantized", reason
+        if len({kernel for kernel, _ in kernels}) > 1:
+            named = ", ".join(f"part {part.shard_id!r} {kernel}" for part, (kernel, _) in zip(parts, kernels,
+                                                                                             strict=True))
             return "dequantized", f"its parts need different kernels: {named}"
-        if kernels[0] == "int4x2":
-            return "int4x2", int8_grouped_unsupported_reason(*candidate.shape)
-        return "int4", int4_unsupported_reason(*candidate.shape, GROUP_SIZE)
+        return kernels[0][0], self._shape_reason(kernels[0][0], *candidate.shape)
+
+    @staticmethod
+    def _shape_reason(kernel: str, rows: int, cols: int) -> str | None:
+        if kernel == "int4x2":
+            return int8_grouped_unsupported_reason(rows, cols)
+        return int4_unsupported_reason(rows, cols, GROUP_SIZE)
+
+    def _segments(self, state: GGUFLayerState, own: _Decision,
+                  parts: list[NarrowedPart]) -> tuple[_PlannedSegment, ...]:
+        """A fused layer's runs of consecutive parts on one kernel; empty when its parts share one kernel (or all
+        fall back for one reason each, as one dense weight); one dequantized run when the runs that could be
+        packed are refused too.
+
+        Why: one call cannot take two kernels, and a Q4_K_M file's ``attn_v`` is
+        Q6_K beside Q4_K ``q``/``k`` in about half the layers — dequantizing the
+        whole fused layer for it held ``q`` and ``k`` in bfloat16 too. A run the
+        kernel refuses (its rows no multiple of 16) is dequantized; adjacent
+        dequantized runs are one dense weight.
+        """
+        kernels = self._part_kernels(state, own, parts)
+        if len({kernel for kernel, _ in kernels}) < 2:
+            return ()
+        runs: list[list[int]] = []
+        for index, (kernel, _) in enumerate(kernels):
+            if runs and kernels[runs[-1][0]][0] == kernel:
+                runs[-1].append(index)
+            else:
+                runs.append([index])
+        planned: list[_PlannedSegment] = []
+        for run in runs:
+            kernel = kernels[run[0]][0]
+            rows = sum(parts[i].size for i in run)
+            tensors = [own.tensors[i][1] for i in run]
+            types = tuple(own.types[i] for i in run)
+            reason = "; ".join(str(kernels[i][1]) for i in run) if kernel == "dequantized" else None
+            if reason is None and (refused := self._shape_reason(kernel, rows, state.cols)) is not None:
+                ids = ", ".join(repr(parts[i].shard_id) for i in run)
+                kernel, reason = "dequantized", f"part{'s' if len(run) > 1 else ''} {ids}: {refused}"
+            start = planned[-1].start + planned[-1].rows if planned else 0
+            if planned and kernel == "dequantized" and planned[-1].kernel == "dequantized":
+                last = planned.pop()
+                start, rows = last.start, last.rows + rows
+                tensors, types = last.tensors + tensors, last.types + types
+                reason = f"{last.reason}; {reason}"
+            planned.append(_PlannedSegment(start, rows, tensors, types, kernel, reason))
+        return tuple(planned)
 
     def _kernel_dtype(self, state: GGUFLayerState) -> torch.dtype:
         return self.config.kernel_dtype or kernel_dtype_for(state.params_dtype)
@@ -420,7 +525,9 @@ class GGUFLinearMethod(LinearMethodBase):
         # every reason is known before a block is read, so a layer that falls back reads its parts once
         decision = self._decide(state, device)
         delattr(layer, "weight")
-        if decision.reason is None:
+        if decision.segments:
+            state.choice = self._keep_segments(layer, state, decision)
+        elif decision.reason is None:
             dtype = self._kernel_dtype(state)
             tensors = [tensor for _, tensor in decision.tensors]
             if decision.kernel == "int4x2":
@@ -441,6 +548,89 @@ class GGUFLinearMethod(LinearMethodBase):
         state.row_window = decision.row_window
         state.parts.clear()
         self.config.layer_log[state.prefix] = state.choice
+
+    def _keep_segments(self, layer: nn.Module, state: GGUFLayerState, decision: _Decision) -> LayerChoice:
+        """Each run of parts packed on its kernel or dequantized: buffers ``segment{i}_*``, or ``segment{i}_weight``."""
+        kernel_dtype = self._kernel_dtype(state)
+        packed_bytes, dense_dtype = 0, None
+        for index, segment in enumerate(decision.segments):
+            name = f"segment{index}"
+            if segment.kernel == "dequantized":
+                dtype = self._dense_dtype(state, segment.types)
+                dense = torch.empty(segment.rows, state.cols, dtype=dtype)
+                at = 0
+                for tensor in segment.tensors:
+                    dense[at:at + int(tensor.shape[0])].copy_(tensor.read(dtype))
+                    at += int(tensor.shape[0])
+                layer.register_parameter(f"{name}_weight", torch.nn.Parameter(dense, requires_grad=False))
+                dense_dtype = dtype_name(dtype)
+                continue
+            if segment.kernel == "int4x2":
+                packed = self._pack_int8(segment.tensors, kernel_dtype).planes
+            else:
+                packed = self._pack(segment.tensors, kernel_dtype)
+            layer.register_buffer(f"{name}_packed_weight", packed.data)
+            layer.register_buffer(f"{name}_packed_scales_and_zeros", packed.scales_and_zeros)
+            sz = packed.scales_and_zeros
+            packed_bytes += packed.data.numel() + sz.numel() * sz.element_size()
+        state.segments = self._segment_weights(layer, decision.segments, state.cols)
+        return LayerChoice(decision.kernel, decision.types, packed_bytes, decision.reason, dense_dtype)
+
+    @staticmethod
+    def _segment_weights(layer: nn.Module, planned: Sequence[_PlannedSegment | LayerSegment],
+                         cols: int) -> list[LayerSegment]:
+        """The segments over the layer's current buffers and parameters (rebuilt after ``module.to``)."""
+        segments = []
+        for index, segment in enumerate(planned):
+            name = f"segment{index}"
+            weight: Int4CpuWeight | Int8GroupedWeight | torch.Tensor
+            if segment.kernel == "dequantized":
+                weight = cast(torch.Tensor, layer._parameters[f"{name}_weight"])
+            else:
+                data = cast(torch.Tensor, layer._buffers[f"{name}_packed_weight"])
+                sz = cast(torch.Tensor, layer._buffers[f"{name}_packed_scales_and_zeros"])
+                weight = Int4CpuWeight(data, sz, GROUP_SIZE, cols)
+                if segment.kernel == "int4x2":
+                    weight = Int8GroupedWeight(weight, segment.rows)
+            segments.append(LayerSegment(segment.start, segment.rows, segment.kernel, weight))
+        return segments
+
+    def segments(self, layer: nn.Module) -> list[LayerSegment]:
+        """A fused layer's segments (each run of parts on its own kernel), in row order; empty for a layer on one
+        kernel (:meth:`int4_weight`) or one dense weight."""
+        state = self.layer_state(layer, GGUFLayerState)
+        if state.segments and not self._segments_current(layer, state):
+            state.segments = self._segment_weights(layer, state.segments, state.cols)
+        return list(state.segments)
+
+    @staticmethod
+    def _segments_current(layer: nn.Module, state: GGUFLayerState) -> bool:
+        """Whether the cached segments still wrap the layer's tensors (``module.to`` replaces them)."""
+        for index, segment in enumerate(state.segments):
+            weight = segment.weight
+            if isinstance(weight, torch.Tensor):
+                if layer._parameters.get(f"segment{index}_weight") is not weight:
+                    return False
+                continue
+            packed = weight.planes if isinstance(weight, Int8GroupedWeight) else weight
+            if (layer._buffers.get(f"segment{index}_packed_weight") is not packed.data
+                    or layer._buffers.get(f"segment{index}_packed_scales_and_zeros") is not packed.scales_and_zeros):
+                return False
+        return True
+
+    def _apply_segments(self, layer: nn.Module, state: GGUFLayerState, x: torch.Tensor) -> torch.Tensor:
+        """Each segment's rows of ``x W^T`` on its own kernel, side by side in ``x``'s dtype."""
+        outs = []
+        kernel_input: torch.Tensor | None = None
+        for segment in self.segments(layer):
+            weight = segment.weight
+            if isinstance(weight, torch.Tensor):
+                outs.append(torch.nn.functional.linear(x.to(weight.dtype), weight).to(x.dtype))
+                continue
+            if kernel_input is None or kernel_input.dtype != weight.kernel_dtype:
+                kernel_input = x.to(weight.kernel_dtype)
+            outs.append(weight.matmul(kernel_input).to(x.dtype))
+        return torch.cat(outs, dim=-1)
 
     def layer_plan(self, layer: nn.Module) -> dict[str, Any] | None:
         """What :meth:`process_weights_after_loading` will record for this layer, from the GGUF header alone.
@@ -464,6 +654,13 @@ class GGUFLinearMethod(LinearMethodBase):
             decision = self._decide(state, current_session().device)
         finally:
             state.parts.clear()
+        if decision.segments:
+            kernel_dtype = self._kernel_dtype(state)
+            size = sum(int4_packed_bytes(2 * s.rows if s.kernel == "int4x2" else s.rows, state.cols, kernel_dtype)
+                       for s in decision.segments if s.kernel != "dequantized")
+            dense = [s for s in decision.segments if s.kernel == "dequantized"]
+            dtype_of = dtype_name(self._dense_dtype(state, dense[0].types)) if dense else None
+            return attrs.asdict(LayerChoice(decision.kernel, decision.types, size, decision.reason, dtype_of))
         if decision.reason is None:
             rows, cols = decision.shape
             kernel_dtype = self._kernel_dtype(state)
@@ -502,7 +699,8 @@ class GGUFLinearMethod(LinearMethodBase):
         return pack_int8_grouped(codes, scales, dtype)
 
     def int4_weight(self, layer: nn.Module) -> Int4CpuWeight | Int8GroupedWeight | None:
-        """The layer's packed weight (built on its current buffers), ``None`` when it was dequantized.
+        """The layer's packed weight (built on its current buffers), ``None`` when it was dequantized or is
+        split into segments (:meth:`segments`).
 
         An :class:`~loader.layers.Int4CpuWeight` for Q4 blocks (``int4``), an
         :class:`~loader.layers.Int8GroupedWeight` for Q8_0 (``int4x2``, float32 results).
@@ -538,6 +736,9 @@ class GGUFLinearMethod(LinearMethodBase):
         computes in its own dtype, as the packed kernel does.
         """
         state = self.layer_state(layer, GGUFLayerState)
+        if state.segments:
+            out = self._apply_segments(layer, state, x)
+            return out if bias is None else out + bias.to(out.dtype)
         packed = self._int4_weight(layer, state)
         weight = cast(torch.Tensor, layer.weight) if packed is None else None
         if weight is not None and state.row_window is None and weight.dtype == x.dtype:
