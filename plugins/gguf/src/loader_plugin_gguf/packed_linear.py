@@ -563,7 +563,7 @@ class GGUFLinearMethod(LinearMethodBase):
                     dense[at:at + int(tensor.shape[0])].copy_(tensor.read(dtype))
                     at += int(tensor.shape[0])
                 layer.register_parameter(f"{name}_weight", torch.nn.Parameter(dense, requires_grad=False))
-                dense_dtype = dtype_name(dtype)
+                dense_dtype = dense_dtype or dtype_name(dtype)  # the first dense run's, as layer_plan records it
                 continue
             if segment.kernel == "int4x2":
                 packed = self._pack_int8(segment.tensors, kernel_dtype).planes
