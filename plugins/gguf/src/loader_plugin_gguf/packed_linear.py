@@ -453,11 +453,10 @@ class GGUFLinearMethod(LinearMethodBase):
         reason = next((found for _, found in kernels if found is not None), None)
         if reason is not None:
             return "dequantized", reason
-        if len({kernel for kernel, _ in kernels}) > 1:
-            named = ", ".join(f"part {part.shard_id!r} {kernel}" for part, (kernel, _) in zip(parts, kernels,
-                                                                                             strict=True))
-            return "dequantized", f"its parts need different kernels: {named}"
-        return kernels[0][0], self._shape_reason(kernels[0][0], *candidate.shape)
+        kernel = kernels[0][0]
+        # parts needing different kernels were split into segments first (:meth:`_segments`)
+        assert all(other == kernel for other, _ in kernels), kernels
+        return kernel, self._shape_reason(kernel, *candidate.shape)
 
     @staticmethod
     def _shape_reason(kernel: str, rows: int, cols: int) -> str | None:
@@ -528,21 +527,12 @@ class GGUFLinearMethod(LinearMethodBase):
         if decision.segments:
             state.choice = self._keep_segments(layer, state, decision)
         elif decision.reason is None:
-            dtype = self._kernel_dtype(state)
             tensors = [tensor for _, tensor in decision.tensors]
-            if decision.kernel == "int4x2":
-                packed = self._pack_int8(tensors, dtype).planes
-            else:
-                packed = self._pack(tensors, dtype)
-            layer.register_buffer("packed_weight", packed.data)
-            layer.register_buffer("packed_scales_and_zeros", packed.scales_and_zeros)
-            size = packed.data.numel() + packed.scales_and_zeros.numel() * packed.scales_and_zeros.element_size()
+            size = self._keep_packed(layer, "", self._packed(decision.kernel, tensors, self._kernel_dtype(state)))
             state.choice = LayerChoice(decision.kernel, decision.types, size)
         else:
             dtype = self._dense_dtype(state, decision.types)
-            dense = torch.empty(*decision.shape, dtype=dtype, device=device)
-            for offset, tensor in decision.tensors:
-                dense[offset:offset + int(tensor.shape[0])].copy_(tensor.read(dtype))
+            dense = self._dense([tensor for _, tensor in decision.tensors], decision.shape, dtype, device)
             layer.register_parameter("weight", torch.nn.Parameter(dense, requires_grad=False))
             state.choice = LayerChoice("dequantized", decision.types, 0, decision.reason, dtype_name(dtype))
         state.row_window = decision.row_window
@@ -557,24 +547,50 @@ class GGUFLinearMethod(LinearMethodBase):
             name = f"segment{index}"
             if segment.kernel == "dequantized":
                 dtype = self._dense_dtype(state, segment.types)
-                dense = torch.empty(segment.rows, state.cols, dtype=dtype)
-                at = 0
-                for tensor in segment.tensors:
-                    dense[at:at + int(tensor.shape[0])].copy_(tensor.read(dtype))
-                    at += int(tensor.shape[0])
+                dense = self._dense(segment.tensors, (segment.rows, state.cols), dtype, torch.device("cpu"))
                 layer.register_parameter(f"{name}_weight", torch.nn.Parameter(dense, requires_grad=False))
                 dense_dtype = dense_dtype or dtype_name(dtype)  # the first dense run's, as layer_plan records it
                 continue
-            if segment.kernel == "int4x2":
-                packed = self._pack_int8(segment.tensors, kernel_dtype).planes
-            else:
-                packed = self._pack(segment.tensors, kernel_dtype)
-            layer.register_buffer(f"{name}_packed_weight", packed.data)
-            layer.register_buffer(f"{name}_packed_scales_and_zeros", packed.scales_and_zeros)
-            sz = packed.scales_and_zeros
-            packed_bytes += packed.data.numel() + sz.numel() * sz.element_size()
+            packed_bytes += self._keep_packed(layer, f"{name}_",
+                                              self._packed(segment.kernel, segment.tensors, kernel_dtype))
         state.segments = self._segment_weights(layer, decision.segments, state.cols)
         return LayerChoice(decision.kernel, decision.types, packed_bytes, decision.reason, dense_dtype)
+
+    def _packed(self, kernel: str, tensors: list[CheckpointTensor], dtype: torch.dtype) -> Int4CpuWeight:
+        """``tensors`` (in row order) in torch's int4 layout: Q4 blocks as they are, Q8_0 as its two planes."""
+        return self._pack_int8(tensors, dtype).planes if kernel == "int4x2" else self._pack(tensors, dtype)
+
+    @staticmethod
+    def _keep_packed(layer: nn.Module, prefix: str, packed: Int4CpuWeight) -> int:
+        """Register ``{prefix}packed_weight`` and ``{prefix}packed_scales_and_zeros``; their bytes."""
+        layer.register_buffer(f"{prefix}packed_weight", packed.data)
+        layer.register_buffer(f"{prefix}packed_scales_and_zeros", packed.scales_and_zeros)
+        sz = packed.scales_and_zeros
+        return packed.data.numel() + sz.numel() * sz.element_size()
+
+    @staticmethod
+    def _dense(tensors: list[CheckpointTensor], shape: tuple[int, int], dtype: torch.dtype,
+               device: torch.device) -> torch.Tensor:
+        """``tensors`` (in row order, as :meth:`_pack` takes them) dequantized into one ``shape`` weight."""
+        dense = torch.empty(*shape, dtype=dtype, device=device)
+        at = 0
+        for tensor in tensors:
+            rows = int(tensor.shape[0])
+            dense[at:at + rows].copy_(tensor.read(dtype))
+            at += rows
+        return dense
+
+    @staticmethod
+    def _kernel_weight(kernel: str, packed: Int4CpuWeight) -> Int4CpuWeight | Int8GroupedWeight:
+        """What ``kernel`` multiplies by: the int4 weight itself, or for ``int4x2`` the planes as int8 rows."""
+        return Int8GroupedWeight(packed, int(packed.data.shape[0]) // 2) if kernel == "int4x2" else packed
+
+    @staticmethod
+    def _packed_bytes(kernel: str, rows: int, cols: int, dtype: torch.dtype) -> int:
+        """What :meth:`_keep_packed` will hold, from the shape alone (the ``int4x2`` planes: twice the rows)."""
+        from .layer_plan import int4_packed_bytes
+
+        return int4_packed_bytes(2 * rows if kernel == "int4x2" else rows, cols, dtype)
 
     @staticmethod
     def _segment_weights(layer: nn.Module, planned: Sequence[_PlannedSegment | LayerSegment],
@@ -589,9 +605,7 @@ class GGUFLinearMethod(LinearMethodBase):
             else:
                 data = cast(torch.Tensor, layer._buffers[f"{name}_packed_weight"])
                 sz = cast(torch.Tensor, layer._buffers[f"{name}_packed_scales_and_zeros"])
-                weight = Int4CpuWeight(data, sz, GROUP_SIZE, cols)
-                if segment.kernel == "int4x2":
-                    weight = Int8GroupedWeight(weight, segment.rows)
+                weight = GGUFLinearMethod._kernel_weight(segment.kernel, Int4CpuWeight(data, sz, GROUP_SIZE, cols))
             segments.append(LayerSegment(segment.start, segment.rows, segment.kernel, weight))
         return segments
 
@@ -643,7 +657,7 @@ class GGUFLinearMethod(LinearMethodBase):
         """
         from loader.models import current_session
 
-        from .layer_plan import fill_from_header, int4_packed_bytes
+        from .layer_plan import fill_from_header
 
         state = self.layer_state(layer, GGUFLayerState)
         if state.choice is not None:
@@ -656,18 +670,13 @@ class GGUFLinearMethod(LinearMethodBase):
             state.parts.clear()
         if decision.segments:
             kernel_dtype = self._kernel_dtype(state)
-            size = sum(int4_packed_bytes(2 * s.rows if s.kernel == "int4x2" else s.rows, state.cols, kernel_dtype)
+            size = sum(self._packed_bytes(s.kernel, s.rows, state.cols, kernel_dtype)
                        for s in decision.segments if s.kernel != "dequantized")
             dense = [s for s in decision.segments if s.kernel == "dequantized"]
             dtype_of = dtype_name(self._dense_dtype(state, dense[0].types)) if dense else None
             return attrs.asdict(LayerChoice(decision.kernel, decision.types, size, decision.reason, dtype_of))
         if decision.reason is None:
-            rows, cols = decision.shape
-            kernel_dtype = self._kernel_dtype(state)
-            if decision.kernel == "int4x2":  # the planes are an int4 weight of twice the rows
-                size = int4_packed_bytes(2 * rows, cols, kernel_dtype)
-            else:
-                size = int4_packed_bytes(rows, cols, kernel_dtype)
+            size = self._packed_bytes(decision.kernel, *decision.shape, self._kernel_dtype(state))
             return attrs.asdict(LayerChoice(decision.kernel, decision.types, size))
         dtype = dtype_name(self._dense_dtype(state, decision.types))
         return attrs.asdict(LayerChoice("dequantized", decision.types, 0, decision.reason, dtype))
@@ -722,9 +731,7 @@ class GGUFLinearMethod(LinearMethodBase):
             # every input column the kernel reads: the layer's own, or all of them for a row window
             cached = Int4CpuWeight(data, scales_and_zeros, GROUP_SIZE, int(scales_and_zeros.shape[0]) * GROUP_SIZE)
             state.int4 = cached
-        if state.choice.kernel == "int4x2":
-            return Int8GroupedWeight(cached, int(cached.data.shape[0]) // 2)
-        return cached
+        return GGUFLinearMethod._kernel_weight(state.choice.kernel, cached)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x W^T + b``; a layer keeping its rows over every input column gathers ``x`` and pads with zeros.
