@@ -81,3 +81,22 @@ def children(monkeypatch):  # type: ignore[no-untyped-def]
 
     monkeypatch.setattr(subprocess, "run", run)
     return commands
+
+
+@pytest.fixture(params=["native", "torch"])
+def packing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Run a packing test with the compiled helpers (:mod:`loader.layers.native_packing`) and with torch
+    alone (``LOADER_NATIVE_REPACK=0``): both must write the bytes the test expects."""
+    from loader.layers import native_repack
+
+    if request.param == "torch":
+        monkeypatch.setenv("LOADER_NATIVE_REPACK", "0")
+    native_repack.cache_clear()
+    if request.param == "native" and native_repack() is None:
+        from loader.layers.native_packing import unavailable_reason
+
+        pytest.skip(f"no compiled packing helpers here: {unavailable_reason()}")
+    try:
+        yield str(request.param)
+    finally:
+        native_repack.cache_clear()

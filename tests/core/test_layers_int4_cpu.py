@@ -74,7 +74,7 @@ def test_the_byte_level_packing_knows_this_cpu_s_torch_layout():
     (144, (16, 80)),  # inside blocks: concatenated first
     (160, (64, 128)),  # the tail in the last part
 ])
-def test_half_split_packing_builds_both_row_blocks_of_torch_s_layout(n, splits, block_n):
+def test_half_split_packing_builds_both_row_blocks_of_torch_s_layout(n, splits, block_n, packing):
     """GGUF's half-split nibbles (column p low, p + 16 high) to either layout, from strided views of blocks,
     the rows whole or in parts (a fused layer's q/k/v) split anywhere."""
     from loader.layers.int4_cpu import _int4pack_from_half_split
@@ -100,7 +100,7 @@ def test_the_byte_level_packing_gives_torch_s_own_int4_layout(n):
 
 
 @pytest.mark.parametrize("n", [16, 48, 64, 80, 144, 256])
-def test_half_split_packing_gives_the_same_weight_as_packing_the_codes(n):
+def test_half_split_packing_gives_the_same_weight_as_packing_the_codes(n, packing):
     """Codes still two per byte (GGML's order: column p low, p + 16 high) pack to pack_int4's bytes and scales."""
     from loader.layers import pack_int4, pack_int4_half_split
 
@@ -137,7 +137,7 @@ def test_half_split_parts_must_share_their_columns_and_match_the_scales():
         pack_int4_half_split_parts([q, q[:16]], torch.zeros(2, 32, 2))
 
 
-def test_half_split_parts_give_the_weight_of_the_concatenated_rows():
+def test_half_split_parts_give_the_weight_of_the_concatenated_rows(packing):
     """A fused layer's parts packed in place are the concatenated rows packed whole, unsupported shapes included."""
     from loader.layers import pack_int4_half_split, pack_int4_half_split_parts
 

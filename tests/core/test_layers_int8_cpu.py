@@ -26,7 +26,7 @@ def _dense(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> tor
 
 @pytest.mark.parametrize("n", [64, 192, 80, 16])  # whole 64-row blocks (the word-wide path) and a tail
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_each_output_is_the_exact_product_rounded_once_per_plane(n, dtype):
+def test_each_output_is_the_exact_product_rounded_once_per_plane(n, dtype, packing):
     """Every output is within the two planes' roundings to ``dtype`` of the float64 product of the
     rounded-scale weight: the kernel multiplies ``c * s`` exactly, not a rounded dequantization."""
     codes, scales = _weight(n, 256, seed=n)
@@ -56,7 +56,7 @@ def test_the_planes_give_the_int8_kernel_s_logits_for_a_q8_0_like_table():
 
 
 @pytest.mark.parametrize("n", [128, 80])
-def test_the_codes_read_back_from_the_planes_are_the_codes_packed(n):
+def test_the_codes_read_back_from_the_planes_are_the_codes_packed(n, packing):
     codes, scales = _weight(n, 96, seed=n)
     weight = pack_int8_grouped(codes, scales)
     rows = torch.tensor([0, n - 1, 5, 5, n // 2, 63 % n, 64 % n])
@@ -65,7 +65,7 @@ def test_the_codes_read_back_from_the_planes_are_the_codes_packed(n):
     assert torch.equal(weight.codes(torch.arange(n)), codes.reshape(n, -1))
 
 
-def test_a_strided_view_of_block_bytes_packs_like_its_copy():
+def test_a_strided_view_of_block_bytes_packs_like_its_copy(packing):
     """GGUF Q8_0 blocks are 2 bytes of scale then 32 codes: the codes are a strided uint8 view."""
     codes, scales = _weight(64, 64, seed=7)
     blocks = torch.zeros(64, 2, 34, dtype=torch.uint8)

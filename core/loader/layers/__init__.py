@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .activation import SiluAndMul
+    from .arena import LoadArena, arena_empty, load_arena
     from .attention import Attention, KVCache
     from .default_loader import default_weight_loader
     from .int4_cpu import (
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
         QKVParallelLinear,
         RowParallelLinear,
     )
+    from .native_packing import NativeRepack, native_repack
     from .param_layout import ParamLayout, PartLoader, layout_of, param_shape, set_param_layout, weight_loader_of
     from .quantization import (
         EmbeddingMethodBase,
@@ -57,8 +59,10 @@ __all__ = [
     "KVCache",
     "LinearBase",
     "LinearMethodBase",
+    "LoadArena",
     "MergedColumnParallelLinear",
     "NarrowedPart",
+    "NativeRepack",
     "OutputPart",
     "ParallelLMHead",
     "ParamLayout",
@@ -75,11 +79,14 @@ __all__ = [
     "UnquantizedLinearMethod",
     "VocabParallelEmbedding",
     "WeightLoader",
+    "arena_empty",
     "default_weight_loader",
     "get_rope",
     "int4_unsupported_reason",
     "int8_grouped_unsupported_reason",
     "layout_of",
+    "load_arena",
+    "native_repack",
     "pack_int4",
     "pack_int4_half_split",
     "pack_int4_half_split_parts",
@@ -104,6 +111,11 @@ _HOME = {
     "Int8GroupedWeight": "int8_cpu",
     "int8_grouped_unsupported_reason": "int8_cpu",
     "pack_int8_grouped": "int8_cpu",
+    "NativeRepack": "native_packing",
+    "LoadArena": "arena",
+    "arena_empty": "arena",
+    "load_arena": "arena",
+    "native_repack": "native_packing",
     "ColumnParallelLinear": "linear",
     "LinearBase": "linear",
     "MergedColumnParallelLinear": "linear",

@@ -28,6 +28,9 @@ from collections.abc import Sequence
 import attrs
 import torch
 
+from .arena import arena_empty
+from .native_packing import native_repack
+
 __all__ = ["KERNEL_GROUP_SIZES", "Int4CpuWeight", "int4_unsupported_reason", "pack_codes_bytes", "pack_int4",
            "pack_int4_half_split", "pack_int4_half_split_parts", "torch_int4_block_n", "unpack_int4_rows"]
 
@@ -109,7 +112,10 @@ def pack_int4(codes: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, g
 def _scales_and_zeros(scales: torch.Tensor, biases: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``[groups, N, 2]`` in ``dtype``, torch's convention: ``zero = bias + 8 scale``, computed in float32."""
     s = scales.to(torch.float32)
-    return torch.stack([s, biases.to(torch.float32) + 8 * s], dim=-1).to(dtype).contiguous()
+    out = arena_empty((*s.shape, 2), dtype, s.device)
+    out[..., 0] = s
+    out[..., 1] = biases.to(torch.float32) + 8 * s
+    return out
 
 
 def _pack_codes(codes: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int) -> Int4CpuWeight:
@@ -235,7 +241,9 @@ def _by_column(parts: Sequence[torch.Tensor], n: int, block_n: int) -> torch.Ten
 def _int4pack_from_half_split(parts: Sequence[torch.Tensor], block_n: int) -> torch.Tensor:
     """:func:`pack_codes_bytes`'s layout (see there) from half-split codes ``[N_i, G, 16]``, rows in parts.
 
-    Parts whose boundaries fall inside a row block are concatenated first. One byte-level pass transposes
+    Parts whose boundaries fall inside a row block are concatenated first. With the compiled helpers
+    (:mod:`loader.layers.native_packing`) each part's whole blocks are packed in one pass; otherwise one
+    byte-level torch copy transposes
     each block of ``block_n`` rows to ``[2, G, 16, block_n / 2]`` (straight from the parts, strided or not), so
     the rows a byte pairs (``j`` and ``j + block_n / 2``) sit at the same place of two planes; the nibbles are
     then paired on 64-bit words written straight into torch's layout.
@@ -247,8 +255,16 @@ def _int4pack_from_half_split(parts: Sequence[torch.Tensor], block_n: int) -> to
     device = parts[0].device
     if any(int(part.shape[0]) % block_n for part in parts[:-1]):  # a boundary inside a block: one more copy
         parts = [torch.cat(list(parts))]
-    out = torch.empty(n * k // 2, dtype=torch.uint8, device=device)
-    if full:
+    out = arena_empty((n * k // 2,), torch.uint8, device)
+    native = native_repack() if device.type == "cpu" and all(p.stride(-1) == 1 for p in parts) else None
+    if full and native is not None:  # each part's whole blocks straight into place, in one compiled pass
+        start = 0
+        for part in parts:
+            whole = min(int(part.shape[0]), full - start) // block_n * block_n
+            if whole:
+                native.int4pack_half_split(part[:whole], block_n, out[start * k // 2:(start + whole) * k // 2])
+            start += int(part.shape[0])
+    elif full:
         words = _by_column(parts, n, block_n).view(torch.int64)  # [B, 2, G, 16, block_n / 16]
         packed = out[: full * k // 2].view(full // block_n, groups, 2, 16, block_n // 2).view(torch.int64)
         _pair_nibbles_into(packed[:, :, 0], packed[:, :, 1], words[:, 0], words[:, 1])
@@ -280,7 +296,7 @@ def pack_codes_bytes(codes: torch.Tensor, block_n: int) -> torch.Tensor:
     n, k = (int(s) for s in codes.shape)
     by_input = codes.t().to(torch.uint8)  # [K, N]; a view when the codes were [K, N] uint8
     full = n // block_n * block_n
-    out = torch.empty(n * k // 2, dtype=torch.uint8, device=codes.device)
+    out = arena_empty((n * k // 2,), torch.uint8, codes.device)
     if full:
         blocks = by_input[:, :full].reshape(k, full // block_n, 2, block_n // 2)
         paired = blocks[:, :, 1] << 4

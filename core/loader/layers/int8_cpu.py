@@ -32,6 +32,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from .arena import arena_empty
 from .int4_cpu import (
     Int4CpuWeight,
     int4_unsupported_reason,
@@ -39,6 +40,7 @@ from .int4_cpu import (
     torch_int4_block_n,
     unpack_int4_rows,
 )
+from .native_packing import native_repack
 
 __all__ = ["GROUP", "Int8GroupedWeight", "int8_grouped_unsupported_reason", "pack_int8_grouped"]
 
@@ -109,7 +111,7 @@ def pack_int8_grouped(codes: torch.Tensor, scales: torch.Tensor,
     if reason is not None:
         raise ValueError(reason)
     wide = scales.to(torch.float32)
-    scales_and_zeros = torch.empty(groups, 2 * n, 2, dtype=dtype, device=codes.device)
+    scales_and_zeros = arena_empty((groups, 2 * n, 2), dtype, codes.device)
     scales_and_zeros[:, :n, 0] = wide * 16  # scaling by a power of two commutes with the rounding to dtype
     scales_and_zeros[:, :n, 1] = 0
     scales_and_zeros[:, n:, 0] = wide
@@ -123,7 +125,8 @@ def pack_int8_grouped(codes: torch.Tensor, scales: torch.Tensor,
 def _nibble_planes(codes: torch.Tensor, block_n: int) -> torch.Tensor:
     """torch's int4 layout ``[2 N, K / 2]`` of the high-nibble plane stacked over the low one.
 
-    With whole row blocks one byte-level copy transposes each block to ``[2, K, block_n / 2]`` (its two
+    With whole row blocks the compiled helpers (:mod:`loader.layers.native_packing`) write both planes in one
+    pass; without them one byte-level copy transposes each block to ``[2, K, block_n / 2]`` (its two
     halves of rows, the ones a byte of the layout pairs, in two planes) and eight word-wide operations write
     both planes' bytes; otherwise both planes are widened to one code per byte and packed as any codes.
     """
@@ -136,12 +139,17 @@ def _nibble_planes(codes: torch.Tensor, block_n: int) -> torch.Tensor:
         stacked[:n] ^= 8
         torch.bitwise_and(flat, 15, out=stacked[n:])
         return pack_codes_bytes(stacked, block_n)
+    native = native_repack() if codes.device.type == "cpu" and codes.stride(-1) == 1 else None
+    if native is not None:
+        planes = arena_empty((2 * n * k // 2,), torch.uint8)
+        native.int8_planes(codes, block_n, planes)
+        return planes.view(2 * n, k // 2)
     blocks, half = n // block_n, block_n // 2
     by_column = torch.empty(blocks, 2, groups, group, half, dtype=torch.uint8, device=codes.device)
     by_column.copy_(codes.view(blocks, 2, half, groups, group).permute(0, 1, 3, 4, 2))
     words = by_column.view(blocks, 2, k, half).view(torch.int64)
     first, second = words[:, 0], words[:, 1]  # rows j and j + block_n / 2 of each block, [B, K, half / 8]
-    out = torch.empty(2 * n * k // 2, dtype=torch.uint8, device=codes.device)
+    out = arena_empty((2 * n * k // 2,), torch.uint8, codes.device)
     high = out[: n * k // 2].view(blocks, k, half).view(torch.int64)
     low = out[n * k // 2:].view(blocks, k, half).view(torch.int64)
     torch.bitwise_right_shift(first, 4, out=high)

@@ -59,7 +59,7 @@ def _half_rotary(weight: np.ndarray, heads: int) -> np.ndarray:
     ("blk.0.ffn_up.weight", "model.layers.0.mlp.gate_up_proj", slice(128, 256)),
 ], ids=["down", "q-permuted", "k-permuted", "up-fused"])
 def test_packed_weight_is_gguf_py_dequantization_with_scales_rounded_to_bfloat16(
-        tiny_gguf, qtype, gguf_name, layer, rows):
+        tiny_gguf, qtype, gguf_name, layer, rows, packing):
     path, _ = tiny_gguf("llama", qtype, rope_scaling=None)
     model = loader.load_model(str(path), dtype="float32", quantization="gguf")
     got = _packed(model, layer)[rows]
@@ -116,7 +116,7 @@ def test_other_block_types_fall_back_per_layer_with_the_reason(tiny_gguf):
     ("blk.1.attn_q.weight", "model.layers.1.self_attn.qkv_proj", slice(0, 64)),
     ("blk.0.ffn_up.weight", "model.layers.0.mlp.gate_up_proj", slice(128, 256)),
 ], ids=["down", "q-permuted", "up-fused"])
-def test_q8_0_linears_keep_their_codes_as_two_int4_planes(tiny_gguf, gguf_name, layer, rows):
+def test_q8_0_linears_keep_their_codes_as_two_int4_planes(tiny_gguf, gguf_name, layer, rows, packing):
     """Q8_0 layers run on the int4 kernel as two nibble planes (``int4x2``): a byte a value, and the weight is
     gguf-py's dequantization with each block's ``d`` rounded to bfloat16 (codes read back from the planes)."""
     path, _ = tiny_gguf("llama", Q.Q8_0, rope_scaling=None)
@@ -607,3 +607,16 @@ def test_a_segmented_layer_follows_its_buffers_when_they_are_replaced(tiny_gguf)
     assert rebuilt[1].weight.planes.scales_and_zeros is layer.segment1_packed_scales_and_zeros
     assert rebuilt[1].weight.kernel_dtype == torch.float32
     assert relative_error(layer(x), expected) <= 1e-2  # the kernel now computes in float32, not bfloat16
+
+
+def test_a_packed_load_carves_its_packed_buffers_from_one_arena_chunk(tiny_gguf):
+    """Packed layers' bytes and scales share huge-page chunks (:mod:`loader.layers.arena`) instead of a
+    fresh mapping each: a packed load's first writes fault once per 2 MiB, not per 4 KiB."""
+    from loader.layers.arena import CHUNK_BYTES
+
+    path, _ = tiny_gguf("llama", Q.Q4_1)
+    model = loader.load_model(str(path))
+    packed = [b for name, b in model.named_buffers() if name.endswith(("packed_weight", "scales_and_zeros"))]
+    assert len(packed) >= 8
+    chunks = {b.untyped_storage().data_ptr() for b in packed}
+    assert len(chunks) == 1 and packed[0].untyped_storage().nbytes() >= CHUNK_BYTES

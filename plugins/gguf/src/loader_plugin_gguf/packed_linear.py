@@ -81,6 +81,7 @@ from loader.layers import (
     RowParallelLinear,
     VocabParallelEmbedding,
     WeightLoader,
+    arena_empty,
     int4_unsupported_reason,
     int8_grouped_unsupported_reason,
     pack_int4,
@@ -687,10 +688,10 @@ class GGUFLinearMethod(LinearMethodBase):
         if all(p.stored_type in _HALF_SPLIT_NAMES for p in parts):
             split = [half_split_rows(p) for p in parts]
             groups = int(split[0].qs.shape[1])
-            scales_and_zeros = torch.empty(groups, sum(int(h.qs.shape[0]) for h in split), 2, dtype=dtype)
+            scales_and_zeros = arena_empty((groups, sum(int(h.qs.shape[0]) for h in split), 2), dtype)
             start = 0
             for h in split:  # each part's fields straight into the layer's scales, in the kernel's dtype
-                h.scales_and_zeros_into(scales_and_zeros[:, start:start + h.qs.shape[0]])
+                h.scales_and_zeros_into(scales_and_zeros, start)
                 start += int(h.qs.shape[0])
             return pack_int4_half_split_parts([h.qs for h in split], scales_and_zeros)
         decoded = [affine_rows(p) for p in parts]

@@ -23,6 +23,7 @@ import attrs
 import torch
 from gguf.constants import GGMLQuantizationType
 
+from loader.layers import native_repack
 from loader.weights import CheckpointTensor, RowPermutedTensor
 
 from .dequantize import block_shape
@@ -64,25 +65,43 @@ class AffineRows:
 class HalfSplitRows:
     """One Q4_0/Q4_1 part still two codes per byte, for :func:`loader.layers.pack_int4_half_split_parts`.
 
-    :ivar qs: uint8 ``[rows, cols / 32, 16]``, a view into the blocks read.
-    :ivar fields: the blocks' leading float16 fields, group-major: ``[cols / 32, rows, 1]`` (Q4_0: ``d``) or
-        ``[cols / 32, rows, 2]`` (Q4_1: ``d, m``) — the order torch's scales and zeros take.
+    :ivar blocks: uint8 ``[rows, cols / 32, size]``, the part's whole blocks as read (a view, not a copy).
+    :ivar field_count: float16 fields leading each block: 1 (Q4_0: ``d``) or 2 (Q4_1: ``d, m``).
     """
 
-    qs: torch.Tensor
-    fields: torch.Tensor
+    blocks: torch.Tensor
+    field_count: int
 
-    def scales_and_zeros_into(self, out: torch.Tensor) -> None:
-        """Write torch's ``[cols / 32, rows, 2]`` scales and zeros (``w = (q - 8) s + z``) into ``out``.
+    @property
+    def qs(self) -> torch.Tensor:
+        """The codes, uint8 ``[rows, cols / 32, 16]``: a view past each block's fields."""
+        return self.blocks[:, :, 2 * self.field_count:]
+
+    @property
+    def fields(self) -> torch.Tensor:
+        """The blocks' float16 fields, group-major ``[cols / 32, rows, field_count]`` (torch's scale order)."""
+        return _group_major_fields(self.blocks, self.field_count)
+
+    def scales_and_zeros_into(self, out: torch.Tensor, row_offset: int = 0) -> None:
+        """Write rows ``row_offset:`` of torch's ``[cols / 32, rows, 2]`` scales and zeros (``w = (q - 8) s + z``).
 
         ``s = d`` and ``z = m + 8 d`` computed in float32 (``8 d`` is exact, so
-        ``z`` is rounded once), then to ``out``'s dtype; Q4_0's ``z`` is 0.
+        ``z`` is rounded once), then to ``out``'s dtype; Q4_0's ``z`` is 0. A
+        bfloat16 ``out`` is written straight from the blocks by the compiled
+        helpers when this machine has them (the same values, one pass).
         """
-        if self.fields.shape[-1] == 1:
-            out[..., 0].copy_(self.fields[..., 0])
+        rows = int(self.blocks.shape[0])
+        native = native_repack() if out.dtype == torch.bfloat16 and out.is_contiguous() else None
+        if native is not None and self.blocks.stride(-1) == 1:
+            native.q4_scales_bf16(self.blocks, self.field_count == 2, out, row_offset)
+            return
+        out = out[:, row_offset:row_offset + rows]
+        fields = self.fields
+        if self.field_count == 1:
+            out[..., 0].copy_(fields[..., 0])
             out[..., 1].zero_()
             return
-        widened = self.fields.to(torch.float32)
+        widened = fields.to(torch.float32)
         widened[..., 1].add_(widened[..., 0], alpha=8)
         out.copy_(widened)
 
@@ -223,9 +242,7 @@ def half_split_rows(tensor: CheckpointTensor) -> HalfSplitRows:
     _, size = block_shape(ggml_type)
     rows = raw.shape[0]
     blocks = raw.contiguous().view(rows, -1, size)
-    if ggml_type == Q.Q4_0:
-        return HalfSplitRows(blocks[:, :, 2:], _group_major_fields(blocks, 1))
-    return HalfSplitRows(blocks[:, :, 4:], _group_major_fields(blocks, 2))
+    return HalfSplitRows(blocks, 1 if ggml_type == Q.Q4_0 else 2)
 
 
 def affine_rows(tensor: CheckpointTensor) -> AffineRows:

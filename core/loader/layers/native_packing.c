@@ -1,0 +1,164 @@
+/*
+ * Byte shuffles that turn 4-bit / 8-bit checkpoint blocks into torch's packed int4 CPU layout.
+ *
+ * Compiled on first use by loader/layers/native_packing.py (plain C, no Python or torch headers, called
+ * through ctypes) and cached per machine; every function here has a torch implementation that computes the
+ * same bytes (loader/layers/int4_cpu.py, int8_cpu.py), which is used when no compiler is found and which the
+ * tests compare against, byte for byte.
+ *
+ * Why: each of these is a transpose of bytes (rows of a checkpoint become torch's [K, block_n / 2] tiles)
+ * followed by nibble arithmetic. torch runs the transpose as a strided element-by-element copy and the
+ * arithmetic as several passes over memory; here a 16 x 16 byte tile is transposed in registers and the
+ * nibbles are combined while it is still in cache, once.
+ *
+ * Layout (torch 2.13, see int4_cpu.pack_codes_bytes): rows in blocks of block_n; block b is stored as
+ * [K, block_n / 2] bytes whose byte (k, j) holds row j's code in its low nibble and row j + block_n / 2's
+ * in its high one. Only whole blocks are handled here; the callers pack a last partial block themselves.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__SSE2__) && !defined(LOADER_REPACK_SCALAR)
+#include <emmintrin.h>
+#define LOADER_REPACK_SSE2 1
+#else
+#define LOADER_REPACK_SSE2 0
+#endif
+
+#define MAX_HALF 32 /* block_n / 2 for block_n 64 (AVX-512 builds) or 32 (AVX2) */
+
+int loader_repack_abi(void) { return 1; }
+
+int loader_repack_simd(void) { return LOADER_REPACK_SSE2; }
+
+/* out[p][j] = rows[j * stride + p] for 16 columns p and `count` rows j (a multiple of 16). */
+static void gather_columns(const uint8_t *rows, int64_t stride, int count, uint8_t out[16][MAX_HALF]) {
+#if LOADER_REPACK_SSE2
+    for (int j0 = 0; j0 < count; j0 += 16) {
+        __m128i x[16], y[16];
+        for (int i = 0; i < 16; i++) x[i] = _mm_loadu_si128((const __m128i *)(rows + (j0 + i) * stride));
+        /* four rounds of interleaving rows i and i + 8 transpose a 16 x 16 byte tile */
+        for (int round = 0; round < 4; round++) {
+            for (int i = 0; i < 8; i++) {
+                y[2 * i] = _mm_unpacklo_epi8(x[i], x[i + 8]);
+                y[2 * i + 1] = _mm_unpackhi_epi8(x[i], x[i + 8]);
+            }
+            memcpy(x, y, sizeof(x));
+        }
+        for (int p = 0; p < 16; p++) _mm_storeu_si128((__m128i *)(out[p] + j0), x[p]);
+    }
+#else
+    for (int j = 0; j < count; j++)
+        for (int p = 0; p < 16; p++) out[p][j] = rows[j * stride + p];
+#endif
+}
+
+/*
+ * Q4_0 / Q4_1 codes (16 bytes a group of 32 columns: column p low, p + 16 high) into torch's layout.
+ * src: row r, group g at src + r * row_stride + g * group_stride; blocks * block_n rows, `groups` groups.
+ * dst: blocks * groups * 32 * block_n / 2 bytes.
+ */
+void loader_int4pack_half_split(const uint8_t *src, int64_t row_stride, int64_t group_stride, int64_t blocks,
+                                int64_t groups, int64_t block_n, uint8_t *dst) {
+    const int half = (int)(block_n / 2);
+    const int64_t k = groups * 32;
+    uint8_t lo[16][MAX_HALF], hi[16][MAX_HALF];
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *first = src + b * block_n * row_stride;
+        const uint8_t *second = first + half * row_stride;
+        uint8_t *block = dst + b * k * half;
+        for (int64_t g = 0; g < groups; g++) {
+            gather_columns(first + g * group_stride, row_stride, half, lo);
+            gather_columns(second + g * group_stride, row_stride, half, hi);
+            uint8_t *low_columns = block + g * 32 * half;   /* columns g * 32 + p */
+            uint8_t *high_columns = low_columns + 16 * half; /* columns g * 32 + 16 + p */
+            for (int p = 0; p < 16; p++) {
+                for (int j = 0; j < half; j++) {
+                    low_columns[p * half + j] = (uint8_t)((lo[p][j] & 0x0F) | (hi[p][j] << 4));
+                    high_columns[p * half + j] = (uint8_t)((lo[p][j] >> 4) | (hi[p][j] & 0xF0));
+                }
+            }
+        }
+    }
+}
+
+/*
+ * Int8 codes (32 bytes a group) into two int4 planes of torch's layout (int8_cpu.py): the high plane
+ * (code >> 4, arithmetic, + 8) in the first blocks * block_n rows' bytes, the low plane (code & 15) after it.
+ * src as above with 32-byte groups; dst: 2 * blocks * groups * 32 * block_n / 2 bytes.
+ */
+void loader_int8_planes(const uint8_t *src, int64_t row_stride, int64_t group_stride, int64_t blocks,
+                        int64_t groups, int64_t block_n, uint8_t *dst) {
+    const int half = (int)(block_n / 2);
+    const int64_t k = groups * 32;
+    uint8_t *low_plane = dst + blocks * block_n * k / 2;
+    uint8_t a[16][MAX_HALF], c[16][MAX_HALF];
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *first = src + b * block_n * row_stride;
+        const uint8_t *second = first + half * row_stride;
+        for (int64_t g = 0; g < groups; g++) {
+            for (int part = 0; part < 2; part++) { /* the group's columns 0-15, then 16-31 */
+                const int64_t offset = g * group_stride + part * 16;
+                gather_columns(first + offset, row_stride, half, a);
+                gather_columns(second + offset, row_stride, half, c);
+                const int64_t at = b * k * half + (g * 32 + part * 16) * half;
+                for (int p = 0; p < 16; p++) {
+                    for (int j = 0; j < half; j++) {
+                        dst[at + p * half + j] = (uint8_t)(((a[p][j] >> 4) | (c[p][j] & 0xF0)) ^ 0x88);
+                        low_plane[at + p * half + j] = (uint8_t)((a[p][j] & 0x0F) | (c[p][j] << 4));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* float16 -> float32, exact and without branches on the value: the float16 bits moved into float32's place
+ * are the value times 2^-112 (a float32 subnormal when the float16 is one), so one exact multiplication by
+ * 2^112 rebiases the exponent; infinities and NaNs get the all-ones exponent back. */
+static float half_to_float(const uint8_t *at) {
+    uint16_t h;
+    memcpy(&h, at, 2); /* little-endian, as GGUF stores it and as this machine reads it */
+    const uint32_t magnitude = (uint32_t)(h & 0x7FFF) << 13;
+    float value;
+    memcpy(&value, &magnitude, 4);
+    value *= 0x1p112f;
+    uint32_t bits;
+    memcpy(&bits, &value, 4);
+    bits |= (h & 0x7C00) == 0x7C00 ? 0x7F800000u : 0u;
+    bits |= (uint32_t)(h & 0x8000) << 16;
+    memcpy(&value, &bits, 4);
+    return value;
+}
+
+/* torch's float -> bfloat16 (c10::round_to_nearest_even): NaN becomes 0x7FC0. */
+static uint16_t float_to_bfloat16(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, 4);
+    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
+    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/*
+ * Torch's bfloat16 scales and zeros [groups, dst_rows, 2] (w = (q - 8) s + z) for rows
+ * row_offset .. row_offset + rows from each block's leading float16 fields: Q4_0 (has_min 0: s = d, z = 0)
+ * or Q4_1 (s = d, z = m + 8 d in float32, rounded once). src: row r, group g's block at
+ * src + r * row_stride + g * group_stride.
+ */
+void loader_q4_scales_bf16(const uint8_t *src, int64_t row_stride, int64_t group_stride, int64_t rows,
+                           int64_t groups, int has_min, uint16_t *dst, int64_t dst_rows, int64_t row_offset) {
+    /* 64 rows at a time: their blocks stay in cache while every group's scales are written, a short
+     * contiguous run each (one group after another over all rows re-read every row from memory per group) */
+    for (int64_t first = 0; first < rows; first += 64) {
+        const int64_t last = first + 64 < rows ? first + 64 : rows;
+        for (int64_t g = 0; g < groups; g++) {
+            uint16_t *out = dst + (g * dst_rows + row_offset) * 2;
+            for (int64_t r = first; r < last; r++) {
+                const uint8_t *block = src + r * row_stride + g * group_stride;
+                const float d = half_to_float(block);
+                out[2 * r] = float_to_bfloat16(d);
+                out[2 * r + 1] = has_min ? float_to_bfloat16(half_to_float(block + 2) + 8.0f * d) : 0;
+            }
+        }
+    }
+}

@@ -1,0 +1,202 @@
+"""Compiled byte shuffles for packing 4-bit and 8-bit weights into torch's int4 CPU layout, built once per machine.
+
+Why: packing a GGUF file's Q4_0/Q4_1 blocks and Q8_0 planes is a byte
+transpose plus nibble arithmetic; torch runs the transpose as a strided
+element-by-element copy and the arithmetic as several passes over memory,
+which was most of a packed SmolLM2 load. The C in ``native_packing.c``
+(beside this module: plain C99, no Python or torch headers, SSE2 where the
+compiler targets it) transposes 16 x 16 byte tiles in registers and combines
+the nibbles while they are in cache (``benchmarks/RESULTS.md`` has the
+numbers).
+
+How: the first load that packs compiles the source with the system C compiler
+(``$CC``, else ``cc``; about half a second) into
+``$LOADER_CACHE_DIR/native`` (else the user cache folder for ``loader``),
+named by a hash of the source, compiler, flags and machine, and loads it with
+:mod:`ctypes`; later processes load the cached file. The library is written
+to a temporary name and moved into place, so processes compiling at once all
+end with a whole file.
+
+Fallback: every function here has a torch implementation that writes the same
+bytes (:mod:`loader.layers.int4_cpu`, :mod:`loader.layers.int8_cpu`; the
+tests compare them byte for byte). :func:`native_repack` returns ``None`` —
+and those run — when ``LOADER_NATIVE_REPACK=0``, when no compiler is found or
+it fails, or when the library cannot be loaded; :func:`unavailable_reason` says
+which, and a failure is logged once as a warning.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+__all__ = ["ENV_SWITCH", "SOURCE", "NativeRepack", "build_library", "native_repack", "unavailable_reason"]
+
+ENV_SWITCH = "LOADER_NATIVE_REPACK"
+"""Set to ``0`` to pack with torch only (the compiled helpers are neither built nor loaded)."""
+
+SOURCE = Path(__file__).with_name("native_packing.c")
+_FLAGS = ("-O3", "-std=c99", "-shared", "-fPIC")
+_ABI = 1
+_COMPILE_TIMEOUT_S = 120
+_BLOCK_NS = (32, 64)
+log = logging.getLogger(__name__)
+
+_u8 = ctypes.c_void_p
+_i64 = ctypes.c_int64
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("LOADER_CACHE_DIR")
+    if not base:
+        import platformdirs
+
+        base = platformdirs.user_cache_dir("loader")
+    return Path(base) / "native"
+
+
+def _compiler() -> str | None:
+    name = os.environ.get("CC") or "cc"
+    return shutil.which(name)
+
+
+def _library_path(compiler: str, source: bytes) -> Path:
+    key = hashlib.sha256()
+    for piece in (source, compiler.encode(), " ".join(_FLAGS).encode(), platform.machine().encode(),
+                  platform.system().encode()):
+        key.update(piece)
+        key.update(b"\0")
+    return _cache_dir() / f"native_packing-{key.hexdigest()[:20]}.so"
+
+
+def build_library(compiler: str, source: bytes, target: Path, defines: tuple[str, ...] = ()) -> None:
+    """Compile ``source`` into ``target`` through a temporary file in the same folder, then move it into place.
+
+    ``defines`` (``-D`` names) are for the tests: ``LOADER_REPACK_SCALAR`` builds the portable loops a
+    compiler without SSE2 gets, so both are checked against torch on any x86 machine.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as scratch:
+        c_file = Path(scratch) / "native_packing.c"
+        c_file.write_bytes(source)
+        built = Path(scratch) / target.name
+        command = [compiler, *_FLAGS, *(f"-D{name}" for name in defines), "-o", str(built), str(c_file)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=_COMPILE_TIMEOUT_S, check=False)
+        if done.returncode != 0 or not built.is_file():
+            raise OSError(f"{compiler} exited with {done.returncode}: {done.stderr.strip()[-500:]}")
+        os.replace(built, target)
+
+
+class NativeRepack:
+    """The compiled helpers, each taking torch tensors and checking what the C cannot (dtype, device, sizes)."""
+
+    def __init__(self, library: ctypes.CDLL, path: Path) -> None:
+        self.path = path
+        self.simd = bool(library.loader_repack_simd())
+        self._half_split = library.loader_int4pack_half_split
+        self._half_split.argtypes = [_u8, _i64, _i64, _i64, _i64, _i64, _u8]
+        self._half_split.restype = None
+        self._planes = library.loader_int8_planes
+        self._planes.argtypes = [_u8, _i64, _i64, _i64, _i64, _i64, _u8]
+        self._planes.restype = None
+        self._q4_scales = library.loader_q4_scales_bf16
+        self._q4_scales.argtypes = [_u8, _i64, _i64, _i64, _i64, ctypes.c_int, _u8, _i64, _i64]
+        self._q4_scales.restype = None
+
+    def int4pack_half_split(self, qs: torch.Tensor, block_n: int, out: torch.Tensor) -> None:
+        """Half-split codes ``[N, G, 16]`` (``N`` a multiple of ``block_n``) into torch's layout in ``out``
+        (``N * G * 16`` bytes) — :func:`loader.layers.pack_int4_half_split_parts`."""
+        n, groups = _rows_of(qs, 16)
+        _check_layout(n, block_n, out, n * groups * 16)
+        self._half_split(qs.data_ptr(), qs.stride(0), qs.stride(1), n // block_n, groups, block_n, out.data_ptr())
+
+    def int8_planes(self, codes: torch.Tensor, block_n: int, out: torch.Tensor) -> None:
+        """Int8 codes ``[N, G, 32]`` (their bytes; ``N`` a multiple of ``block_n``) as the high plane's bytes,
+        then the low plane's, in ``out`` (``2 * N * G * 16`` bytes) — :func:`loader.layers.pack_int8_grouped`."""
+        n, groups = _rows_of(codes, 32)
+        _check_layout(n, block_n, out, 2 * n * groups * 16)
+        self._planes(codes.data_ptr(), codes.stride(0), codes.stride(1), n // block_n, groups, block_n,
+                     out.data_ptr())
+
+    def q4_scales_bf16(self, blocks: torch.Tensor, has_min: bool, out: torch.Tensor, row_offset: int) -> None:
+        """Rows ``row_offset:`` of bfloat16 scales and zeros ``out`` ``[G, rows, 2]`` from 4-bit blocks
+        ``[N, G, size]`` (uint8) led by float16 ``d`` (and ``m`` when ``has_min``): ``s = d``, ``z = m + 8 d``
+        in float32 rounded once (``z = 0`` without a minimum)."""
+        if blocks.dtype != torch.uint8 or blocks.dim() != 3 or blocks.device.type != "cpu":
+            raise ValueError(f"4-bit blocks must be uint8 [rows, groups, size] on the CPU, not {blocks.dtype} "
+                             f"{tuple(blocks.shape)} on {blocks.device}")
+        n, groups, size = (int(s) for s in blocks.shape)
+        if size < (4 if has_min else 2) or blocks.stride(2) != 1:
+            raise ValueError(f"blocks {tuple(blocks.shape)} (strides {blocks.stride()}) do not lead with "
+                             f"contiguous float16 fields")
+        if (out.dtype != torch.bfloat16 or not out.is_contiguous() or out.dim() != 3 or out.shape[0] != groups
+                or out.shape[2] != 2 or not 0 <= row_offset <= out.shape[1] - n):
+            raise ValueError(f"scales and zeros {out.dtype} {tuple(out.shape)} cannot take {n} rows of "
+                             f"{groups} groups at row {row_offset}")
+        self._q4_scales(blocks.data_ptr(), blocks.stride(0), blocks.stride(1), n, groups, int(has_min),
+                        out.data_ptr(), int(out.shape[1]), row_offset)
+
+
+def _rows_of(codes: torch.Tensor, width: int) -> tuple[int, int]:
+    if codes.dtype != torch.uint8 or codes.dim() != 3 or codes.device.type != "cpu":
+        raise ValueError(f"codes must be uint8 [rows, groups, {width}] on the CPU, not {codes.dtype} "
+                         f"{tuple(codes.shape)} on {codes.device}")
+    n, groups, got = (int(s) for s in codes.shape)
+    if got != width or codes.stride(2) != 1 or min(codes.stride(0), codes.stride(1)) < 0:
+        raise ValueError(f"codes {tuple(codes.shape)} (strides {codes.stride()}) are not groups of {width} "
+                         f"contiguous bytes")
+    return n, groups
+
+
+def _check_layout(rows: int, block_n: int, out: torch.Tensor, size: int) -> None:
+    if block_n not in _BLOCK_NS or rows % block_n:
+        raise ValueError(f"{rows} rows are not whole blocks of {block_n} rows (one of {list(_BLOCK_NS)})")
+    if out.dtype != torch.uint8 or not out.is_contiguous() or out.numel() != size or out.device.type != "cpu":
+        raise ValueError(f"the output must be {size} contiguous uint8 bytes on the CPU, not {out.dtype} "
+                         f"{tuple(out.shape)}")
+
+
+_reason: str | None = None
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`native_repack` is ``None`` in this process (``None`` when it is not, or was not asked yet)."""
+    return _reason
+
+
+@functools.cache
+def native_repack() -> NativeRepack | None:
+    """The compiled helpers, built and cached on first use; ``None`` (torch packs) when they cannot be had."""
+    global _reason
+    _reason = None
+    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+        _reason = f"{ENV_SWITCH}=0"
+        return None
+    compiler = _compiler()
+    if compiler is None:
+        _reason = f"no C compiler ({os.environ.get('CC') or 'cc'}) on PATH"
+        log.warning("packing with torch only (slower loads): %s", _reason)
+        return None
+    source = SOURCE.read_bytes()
+    path = _library_path(compiler, source)
+    try:
+        if not path.is_file():
+            build_library(compiler, source, path)
+        library = ctypes.CDLL(str(path))
+        if library.loader_repack_abi() != _ABI:
+            raise OSError(f"{path} is not ABI {_ABI}")
+        return NativeRepack(library, path)
+    except (OSError, subprocess.SubprocessError) as error:
+        _reason = f"the native repack helpers could not be built or loaded: {error}"
+        log.warning("packing with torch only (slower loads): %s", _reason)
+        return None
