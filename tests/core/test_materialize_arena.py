@@ -16,8 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from loader._pipeline.materialize import materialize
-from loader.layers.arena import huge_page_buffer
+from loader._pipeline.materialize import _cpu_arena, materialize
 from loader.layers.quantization import QuantizeMethodBase
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -54,7 +53,7 @@ def test_writing_a_rotary_table_into_the_arena_costs_pages_not_a_huge_page():
 
 @needs_thp
 def test_an_arena_of_several_huge_pages_is_still_advised_for_them():
-    arena = huge_page_buffer(6 << 20)
+    arena = _cpu_arena(6 << 20)
     before = _rss_anon_kib()
     arena[:1].fill_(1)  # one byte faults in a whole huge page where the advice holds
     assert _rss_anon_kib() - before >= 2048

@@ -33,7 +33,6 @@ from .._options import LoadOptions, check_model_impl, parse_dtype
 from .._plugins import PluginHost
 from .._session import LoadSession, current_plugin_host, current_session, load_session
 from ..errors import ConfigError, LoadError, PluginError, UnsupportedError
-from ..layers.arena import load_arena
 from ..weights import CheckpointTensor, ReadStats
 from .budget import check_fits
 from .by_name import load_by_name
@@ -323,7 +322,7 @@ def _build_and_fill(prepared: PreparedCheckpoint, options: LoadOptions, progress
         loaded = _load_weights(model, stream, arch)
     check_all_filled(model, loaded, prepared.source.display())
     if not weight_format.post_processed:
-        with torch.no_grad(), load_arena(options.device):  # packed buffers carved from huge pages
+        with torch.no_grad():
             _hooks.process_weights_after_loading(model, quant_config, options.device, host)
     release_freed_heap()  # what loading and post-processing freed, not kept as RSS
     model.eval()

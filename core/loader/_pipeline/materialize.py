@@ -20,11 +20,13 @@ about 8x cheaper. Parameter objects are kept (only ``.data`` changes), so
 
 from __future__ import annotations
 
+import contextlib
+import mmap
+
 import torch
 from torch import nn
 
 from .._mapped_parameters import mapping_enabled, min_map_bytes, own_region, region_budget
-from ..layers.arena import huge_page_buffer
 
 __all__ = ["materialize", "parameter_bytes"]
 
@@ -55,6 +57,34 @@ def parameter_bytes(model: nn.Module) -> int:
     Buffers count because quantized layers keep scales and code tables there.
     """
     return sum(t.numel() * t.element_size() for _, t, _ in _tensors(model))
+
+
+_HUGE_PAGE = 2 * 1024 * 1024
+
+
+def _cpu_arena(nbytes: int) -> torch.Tensor:
+    """Private anonymous memory, 2 MiB aligned, its whole 2 MiB spans advised for transparent huge pages.
+
+    Private, because the kernel ignores huge-page advice on shared memory where
+    ``shmem_enabled`` is ``never`` (``mmap.mmap(-1, n)`` alone is ``MAP_SHARED``);
+    aligned, so every 2 MiB of the arena can be one page. Only the spans the
+    arena fills are advised, and the tail is advised against: a huge page
+    faulted in for a few norm weights and rotary tables (the usual arena when
+    large tensors are mapped, ~70 KiB for a 1 GB Llama) would add a whole
+    2 MiB of zeroes to the resident set.
+    """
+    size = max(nbytes, 1) + _HUGE_PAGE
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    buffer = mmap.mmap(-1, size, flags=flags) if flags else mmap.mmap(-1, size)
+    whole = torch.frombuffer(buffer, dtype=torch.uint8)  # keeps ``buffer`` alive
+    skip = -whole.data_ptr() % _HUGE_PAGE
+    advised = nbytes // _HUGE_PAGE * _HUGE_PAGE
+    with contextlib.suppress(OSError):  # kernels without THP
+        if advised and hasattr(mmap, "MADV_HUGEPAGE"):
+            buffer.madvise(mmap.MADV_HUGEPAGE, skip, advised)
+        if hasattr(mmap, "MADV_NOHUGEPAGE") and size - skip - advised > 0:
+            buffer.madvise(mmap.MADV_NOHUGEPAGE, skip + advised, size - skip - advised)
+    return whole[skip:skip + max(nbytes, 1)]
 
 
 def materialize(model: nn.Module, device: torch.device, *, arena: bool = True) -> None:
@@ -124,7 +154,7 @@ def _fill_arena(entries: list[_Entry]) -> None:
     for size in sizes:
         offsets.append(total)
         total += (size + _ALIGN - 1) // _ALIGN * _ALIGN
-    storage = huge_page_buffer(total)
+    storage = _cpu_arena(total)
     for (owners, tensor, is_param), offset, size in zip(entries, offsets, sizes, strict=True):
         view = storage[offset:offset + size].view(tensor.dtype).view(tensor.shape)
         _assign(owners, tensor, view, is_param)

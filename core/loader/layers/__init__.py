@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .activation import SiluAndMul
-    from .arena import LoadArena, arena_empty, load_arena
     from .attention import Attention, KVCache
     from .default_loader import default_weight_loader
     from .int4_cpu import (
@@ -59,7 +58,6 @@ __all__ = [
     "KVCache",
     "LinearBase",
     "LinearMethodBase",
-    "LoadArena",
     "MergedColumnParallelLinear",
     "NarrowedPart",
     "NativeRepack",
@@ -79,13 +77,11 @@ __all__ = [
     "UnquantizedLinearMethod",
     "VocabParallelEmbedding",
     "WeightLoader",
-    "arena_empty",
     "default_weight_loader",
     "get_rope",
     "int4_unsupported_reason",
     "int8_grouped_unsupported_reason",
     "layout_of",
-    "load_arena",
     "native_repack",
     "pack_int4",
     "pack_int4_half_split",
@@ -112,9 +108,6 @@ _HOME = {
     "int8_grouped_unsupported_reason": "int8_cpu",
     "pack_int8_grouped": "int8_cpu",
     "NativeRepack": "native_packing",
-    "LoadArena": "arena",
-    "arena_empty": "arena",
-    "load_arena": "arena",
     "native_repack": "native_packing",
     "ColumnParallelLinear": "linear",
     "LinearBase": "linear",

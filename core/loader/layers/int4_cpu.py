@@ -28,7 +28,6 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from .arena import arena_empty
 from .native_packing import native_repack
 
 __all__ = ["KERNEL_GROUP_SIZES", "Int4CpuWeight", "int4_unsupported_reason", "pack_codes_bytes", "pack_int4",
@@ -112,10 +111,7 @@ def pack_int4(codes: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, g
 def _scales_and_zeros(scales: torch.Tensor, biases: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``[groups, N, 2]`` in ``dtype``, torch's convention: ``zero = bias + 8 scale``, computed in float32."""
     s = scales.to(torch.float32)
-    out = arena_empty((*s.shape, 2), dtype, s.device)
-    out[..., 0] = s
-    out[..., 1] = biases.to(torch.float32) + 8 * s
-    return out
+    return torch.stack([s, biases.to(torch.float32) + 8 * s], dim=-1).to(dtype).contiguous()
 
 
 def _pack_codes(codes: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int) -> Int4CpuWeight:
@@ -255,7 +251,7 @@ def _int4pack_from_half_split(parts: Sequence[torch.Tensor], block_n: int) -> to
     device = parts[0].device
     if any(int(part.shape[0]) % block_n for part in parts[:-1]):  # a boundary inside a block: one more copy
         parts = [torch.cat(list(parts))]
-    out = arena_empty((n * k // 2,), torch.uint8, device)
+    out = torch.empty(n * k // 2, dtype=torch.uint8, device=device)
     native = native_repack() if device.type == "cpu" and all(p.stride(-1) == 1 for p in parts) else None
     if full and native is not None:  # each part's whole blocks straight into place, in one compiled pass
         start = 0
@@ -296,7 +292,7 @@ def pack_codes_bytes(codes: torch.Tensor, block_n: int) -> torch.Tensor:
     n, k = (int(s) for s in codes.shape)
     by_input = codes.t().to(torch.uint8)  # [K, N]; a view when the codes were [K, N] uint8
     full = n // block_n * block_n
-    out = arena_empty((n * k // 2,), torch.uint8, codes.device)
+    out = torch.empty(n * k // 2, dtype=torch.uint8, device=codes.device)
     if full:
         blocks = by_input[:, :full].reshape(k, full // block_n, 2, block_n // 2)
         paired = blocks[:, :, 1] << 4

@@ -32,7 +32,6 @@ from __future__ import annotations
 import attrs
 import torch
 
-from .arena import arena_empty
 from .int4_cpu import (
     Int4CpuWeight,
     int4_unsupported_reason,
@@ -111,7 +110,7 @@ def pack_int8_grouped(codes: torch.Tensor, scales: torch.Tensor,
     if reason is not None:
         raise ValueError(reason)
     wide = scales.to(torch.float32)
-    scales_and_zeros = arena_empty((groups, 2 * n, 2), dtype, codes.device)
+    scales_and_zeros = torch.empty(groups, 2 * n, 2, dtype=dtype, device=codes.device)
     scales_and_zeros[:, :n, 0] = wide * 16  # scaling by a power of two commutes with the rounding to dtype
     scales_and_zeros[:, :n, 1] = 0
     scales_and_zeros[:, n:, 0] = wide
@@ -141,7 +140,7 @@ def _nibble_planes(codes: torch.Tensor, block_n: int) -> torch.Tensor:
         return pack_codes_bytes(stacked, block_n)
     native = native_repack() if codes.device.type == "cpu" and codes.stride(-1) == 1 else None
     if native is not None:
-        planes = arena_empty((2 * n * k // 2,), torch.uint8)
+        planes = torch.empty(2 * n * k // 2, dtype=torch.uint8)
         native.int8_planes(codes, block_n, planes)
         return planes.view(2 * n, k // 2)
     blocks, half = n // block_n, block_n // 2
@@ -149,7 +148,7 @@ def _nibble_planes(codes: torch.Tensor, block_n: int) -> torch.Tensor:
     by_column.copy_(codes.view(blocks, 2, half, groups, group).permute(0, 1, 3, 4, 2))
     words = by_column.view(blocks, 2, k, half).view(torch.int64)
     first, second = words[:, 0], words[:, 1]  # rows j and j + block_n / 2 of each block, [B, K, half / 8]
-    out = arena_empty((2 * n * k // 2,), torch.uint8, codes.device)
+    out = torch.empty(2 * n * k // 2, dtype=torch.uint8, device=codes.device)
     high = out[: n * k // 2].view(blocks, k, half).view(torch.int64)
     low = out[n * k // 2:].view(blocks, k, half).view(torch.int64)
     torch.bitwise_right_shift(first, 4, out=high)

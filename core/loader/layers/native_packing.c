@@ -92,20 +92,20 @@ void loader_int8_planes(const uint8_t *src, int64_t row_stride, int64_t group_st
     const int half = (int)(block_n / 2);
     const int64_t k = groups * 32;
     uint8_t *low_plane = dst + blocks * block_n * k / 2;
-    uint8_t a[16][MAX_HALF], c[16][MAX_HALF];
+    uint8_t f[16][MAX_HALF], s[16][MAX_HALF]; /* rows j and j + half of a block, by column */
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *first = src + b * block_n * row_stride;
         const uint8_t *second = first + half * row_stride;
         for (int64_t g = 0; g < groups; g++) {
             for (int part = 0; part < 2; part++) { /* the group's columns 0-15, then 16-31 */
                 const int64_t offset = g * group_stride + part * 16;
-                gather_columns(first + offset, row_stride, half, a);
-                gather_columns(second + offset, row_stride, half, c);
+                gather_columns(first + offset, row_stride, half, f);
+                gather_columns(second + offset, row_stride, half, s);
                 const int64_t at = b * k * half + (g * 32 + part * 16) * half;
                 for (int p = 0; p < 16; p++) {
                     for (int j = 0; j < half; j++) {
-                        dst[at + p * half + j] = (uint8_t)(((a[p][j] >> 4) | (c[p][j] & 0xF0)) ^ 0x88);
-                        low_plane[at + p * half + j] = (uint8_t)((a[p][j] & 0x0F) | (c[p][j] << 4));
+                        dst[at + p * half + j] = (uint8_t)(((f[p][j] >> 4) | (s[p][j] & 0xF0)) ^ 0x88);
+                        low_plane[at + p * half + j] = (uint8_t)((f[p][j] & 0x0F) | (s[p][j] << 4));
                     }
                 }
             }
@@ -113,31 +113,31 @@ void loader_int8_planes(const uint8_t *src, int64_t row_stride, int64_t group_st
     }
 }
 
-/* float16 -> float32, exact and without branches on the value: the float16 bits moved into float32's place
- * are the value times 2^-112 (a float32 subnormal when the float16 is one), so one exact multiplication by
- * 2^112 rebiases the exponent; infinities and NaNs get the all-ones exponent back. */
-static float half_to_float(const uint8_t *at) {
-    uint16_t h;
-    memcpy(&h, at, 2); /* little-endian, as GGUF stores it and as this machine reads it */
+/* float16 -> float32, exact and without branches on the value (so loops over it vectorize): the float16 bits
+ * moved into float32's place are the value times 2^-112 (a float32 subnormal when the float16 is one), so one
+ * exact multiplication by 2^112 rebiases the exponent; infinities and NaNs get the all-ones exponent back. */
+static inline float half_bits_to_float(uint16_t h) {
     const uint32_t magnitude = (uint32_t)(h & 0x7FFF) << 13;
     float value;
     memcpy(&value, &magnitude, 4);
     value *= 0x1p112f;
     uint32_t bits;
     memcpy(&bits, &value, 4);
-    bits |= (h & 0x7C00) == 0x7C00 ? 0x7F800000u : 0u;
+    bits |= ((h & 0x7C00) == 0x7C00) ? 0x7F800000u : 0u;
     bits |= (uint32_t)(h & 0x8000) << 16;
     memcpy(&value, &bits, 4);
     return value;
 }
 
-/* torch's float -> bfloat16 (c10::round_to_nearest_even): NaN becomes 0x7FC0. */
-static uint16_t float_to_bfloat16(float value) {
+/* torch's float -> bfloat16 (c10::round_to_nearest_even), branch-free: NaN becomes 0x7FC0. */
+static inline uint16_t float_to_bfloat16(float value) {
     uint32_t bits;
     memcpy(&bits, &value, 4);
-    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
-    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+    const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+    return (uint16_t)(((bits & 0x7FFFFFFFu) > 0x7F800000u) ? 0x7FC0u : rounded);
 }
+
+#define SCALE_TILE 64
 
 /*
  * Torch's bfloat16 scales and zeros [groups, dst_rows, 2] (w = (q - 8) s + z) for rows
@@ -147,18 +147,25 @@ static uint16_t float_to_bfloat16(float value) {
  */
 void loader_q4_scales_bf16(const uint8_t *src, int64_t row_stride, int64_t group_stride, int64_t rows,
                            int64_t groups, int has_min, uint16_t *dst, int64_t dst_rows, int64_t row_offset) {
-    /* 64 rows at a time: their blocks stay in cache while every group's scales are written, a short
-     * contiguous run each (one group after another over all rows re-read every row from memory per group) */
-    for (int64_t first = 0; first < rows; first += 64) {
-        const int64_t last = first + 64 < rows ? first + 64 : rows;
+    /* 64 rows at a time: their blocks stay in cache across the groups; each group's fields are gathered
+     * into a short array, converted by a loop the compiler vectorizes, and written as one contiguous run */
+    uint16_t d[SCALE_TILE], m[SCALE_TILE];
+    uint16_t pairs[2 * SCALE_TILE];
+    for (int64_t first = 0; first < rows; first += SCALE_TILE) {
+        const int count = (int)(rows - first < SCALE_TILE ? rows - first : SCALE_TILE);
         for (int64_t g = 0; g < groups; g++) {
-            uint16_t *out = dst + (g * dst_rows + row_offset) * 2;
-            for (int64_t r = first; r < last; r++) {
-                const uint8_t *block = src + r * row_stride + g * group_stride;
-                const float d = half_to_float(block);
-                out[2 * r] = float_to_bfloat16(d);
-                out[2 * r + 1] = has_min ? float_to_bfloat16(half_to_float(block + 2) + 8.0f * d) : 0;
+            const uint8_t *block = src + first * row_stride + g * group_stride;
+            for (int j = 0; j < count; j++) {
+                memcpy(&d[j], block + j * row_stride, 2); /* little-endian, as GGUF stores it */
+                if (has_min) memcpy(&m[j], block + j * row_stride + 2, 2);
+                else m[j] = 0;
             }
+            for (int j = 0; j < count; j++) {
+                const float scale = half_bits_to_float(d[j]);
+                pairs[2 * j] = float_to_bfloat16(scale);
+                pairs[2 * j + 1] = has_min ? float_to_bfloat16(half_bits_to_float(m[j]) + 8.0f * scale) : 0;
+            }
+            memcpy(dst + (g * dst_rows + row_offset + first) * 2, pairs, (size_t)count * 4);
         }
     }
 }

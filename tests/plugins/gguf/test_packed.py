@@ -608,15 +608,3 @@ def test_a_segmented_layer_follows_its_buffers_when_they_are_replaced(tiny_gguf)
     assert rebuilt[1].weight.kernel_dtype == torch.float32
     assert relative_error(layer(x), expected) <= 1e-2  # the kernel now computes in float32, not bfloat16
 
-
-def test_a_packed_load_carves_its_packed_buffers_from_one_arena_chunk(tiny_gguf):
-    """Packed layers' bytes and scales share huge-page chunks (:mod:`loader.layers.arena`) instead of a
-    fresh mapping each: a packed load's first writes fault once per 2 MiB, not per 4 KiB."""
-    from loader.layers.arena import CHUNK_BYTES
-
-    path, _ = tiny_gguf("llama", Q.Q4_1)
-    model = loader.load_model(str(path))
-    packed = [b for name, b in model.named_buffers() if name.endswith(("packed_weight", "scales_and_zeros"))]
-    assert len(packed) >= 8
-    chunks = {b.untyped_storage().data_ptr() for b in packed}
-    assert len(chunks) == 1 and packed[0].untyped_storage().nbytes() >= CHUNK_BYTES

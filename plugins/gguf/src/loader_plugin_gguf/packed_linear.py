@@ -81,7 +81,6 @@ from loader.layers import (
     RowParallelLinear,
     VocabParallelEmbedding,
     WeightLoader,
-    arena_empty,
     int4_unsupported_reason,
     int8_grouped_unsupported_reason,
     pack_int4,
@@ -688,7 +687,7 @@ class GGUFLinearMethod(LinearMethodBase):
         if all(p.stored_type in _HALF_SPLIT_NAMES for p in parts):
             split = [half_split_rows(p) for p in parts]
             groups = int(split[0].qs.shape[1])
-            scales_and_zeros = arena_empty((groups, sum(int(h.qs.shape[0]) for h in split), 2), dtype)
+            scales_and_zeros = torch.empty(groups, sum(int(h.qs.shape[0]) for h in split), 2, dtype=dtype)
             start = 0
             for h in split:  # each part's fields straight into the layer's scales, in the kernel's dtype
                 h.scales_and_zeros_into(scales_and_zeros, start)
