@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -158,3 +161,26 @@ def test_a_compiler_that_fails_leaves_no_library_and_torch_packs(fresh, monkeypa
     assert reason is not None and f"{fake} exited with 3: broken-cc: cannot compile" in reason
     assert not list((fresh / "native").glob("*.so"))
     assert "packing with torch only" in caplog.text
+
+
+@needs_compiler
+def test_a_damaged_cached_library_is_built_again(fresh):
+    first = native_repack()
+    assert first is not None
+    first.path.unlink()  # as a crash or a full disk could leave it; this process keeps its loaded copy
+    first.path.write_bytes(b"not a shared library")
+    code = ("from loader.layers import native_repack; from loader.layers.native_packing import unavailable_reason; "
+            "print(native_repack() is not None, unavailable_reason())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "LOADER_CACHE_DIR": str(fresh)})
+    assert done.stdout.split() == ["True", "None"]
+    assert first.path.read_bytes()[:4] == b"\x7fELF"
+
+
+def test_a_cache_folder_that_cannot_be_written_leaves_torch_packing(fresh, monkeypatch):
+    blocked = fresh / "not-a-folder"
+    blocked.write_text("a file where the cache folder would go")
+    monkeypatch.setenv("LOADER_CACHE_DIR", str(blocked))
+    assert native_repack() is None
+    reason = unavailable_reason()
+    assert reason is not None and reason.startswith("the native repack helpers could not be built or loaded: ")

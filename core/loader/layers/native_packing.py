@@ -3,19 +3,19 @@
 Why: packing a GGUF file's Q4_0/Q4_1 blocks and Q8_0 planes is a byte
 transpose plus nibble arithmetic; torch runs the transpose as a strided
 element-by-element copy and the arithmetic as several passes over memory,
-which was most of a packed SmolLM2 load. The C in ``native_packing.c``
+which was a large part of a packed SmolLM2 load. The C in ``native_packing.c``
 (beside this module: plain C99, no Python or torch headers, SSE2 where the
 compiler targets it) transposes 16 x 16 byte tiles in registers and combines
 the nibbles while they are in cache (``benchmarks/RESULTS.md`` has the
 numbers).
 
 How: the first load that packs compiles the source with the system C compiler
-(``$CC``, else ``cc``; about half a second) into
+(``$CC``, else ``cc``: one program name; about 0.2 s) into
 ``$LOADER_CACHE_DIR/native`` (else the user cache folder for ``loader``),
 named by a hash of the source, compiler, flags and machine, and loads it with
 :mod:`ctypes`; later processes load the cached file. The library is written
 to a temporary name and moved into place, so processes compiling at once all
-end with a whole file.
+end with a whole file; a cached file that no longer loads is built again once.
 
 Fallback: every function here has a torch implementation that writes the same
 bytes (:mod:`loader.layers.int4_cpu`, :mod:`loader.layers.int8_cpu`; the
@@ -192,7 +192,11 @@ def native_repack() -> NativeRepack | None:
     try:
         if not path.is_file():
             build_library(compiler, source, path)
-        library = ctypes.CDLL(str(path))
+        try:
+            library = ctypes.CDLL(str(path))
+        except OSError:  # a cached file damaged since it was written (it is replaced, never written in place)
+            build_library(compiler, source, path)
+            library = ctypes.CDLL(str(path))
         if library.loader_repack_abi() != _ABI:
             raise OSError(f"{path} is not ABI {_ABI}")
         return NativeRepack(library, path)
