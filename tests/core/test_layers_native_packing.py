@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from loader.layers import NativeRepack, native_repack
+from loader.layers import NativeRepack, native_repack, native_repack_unavailable_reason
 from loader.layers.int4_cpu import pack_codes_bytes
-from loader.layers.native_packing import SOURCE, build_library, unavailable_reason
+from loader.layers.native_packing import SOURCE, build_library
 
 COMPILER = shutil.which("cc")
 needs_compiler = pytest.mark.skipif(COMPILER is None, reason="no C compiler (cc) here")
@@ -126,7 +126,7 @@ def test_what_the_helpers_refuse_is_named(helpers):
 @needs_compiler
 def test_the_library_is_built_once_into_the_cache_folder_and_reused(fresh):
     first = native_repack()
-    assert first is not None and unavailable_reason() is None
+    assert first is not None and native_repack_unavailable_reason() is None
     assert first.path.parent == fresh / "native" and first.path.is_file()
     built_at = first.path.stat().st_mtime_ns
     assert not [p for p in first.path.parent.iterdir() if p.name.startswith(".build-")]  # no scratch left behind
@@ -138,7 +138,7 @@ def test_the_library_is_built_once_into_the_cache_folder_and_reused(fresh):
 def test_switched_off_torch_packs_and_the_reason_says_so(fresh, monkeypatch):
     monkeypatch.setenv("LOADER_NATIVE_REPACK", "0")
     assert native_repack() is None
-    assert unavailable_reason() == "LOADER_NATIVE_REPACK=0"
+    assert native_repack_unavailable_reason() == "LOADER_NATIVE_REPACK=0"
     assert not (fresh / "native").exists()
 
 
@@ -146,7 +146,7 @@ def test_without_a_compiler_torch_packs_and_a_warning_names_it(fresh, monkeypatc
     monkeypatch.setenv("CC", "no-such-compiler-here")
     with caplog.at_level(logging.WARNING, logger="loader.layers.native_packing"):
         assert native_repack() is None
-    assert unavailable_reason() == "no C compiler (no-such-compiler-here) on PATH"
+    assert native_repack_unavailable_reason() == "no C compiler (no-such-compiler-here) on PATH"
     assert "packing with torch only (slower loads): no C compiler (no-such-compiler-here) on PATH" in caplog.text
 
 
@@ -157,7 +157,7 @@ def test_a_compiler_that_fails_leaves_no_library_and_torch_packs(fresh, monkeypa
     monkeypatch.setenv("CC", str(fake))
     with caplog.at_level(logging.WARNING, logger="loader.layers.native_packing"):
         assert native_repack() is None
-    reason = unavailable_reason()
+    reason = native_repack_unavailable_reason()
     assert reason is not None and f"{fake} exited with 3: broken-cc: cannot compile" in reason
     assert not list((fresh / "native").glob("*.so"))
     assert "packing with torch only" in caplog.text
@@ -169,8 +169,8 @@ def test_a_damaged_cached_library_is_built_again(fresh):
     assert first is not None
     first.path.unlink()  # as a crash or a full disk could leave it; this process keeps its loaded copy
     first.path.write_bytes(b"not a shared library")
-    code = ("from loader.layers import native_repack; from loader.layers.native_packing import unavailable_reason; "
-            "print(native_repack() is not None, unavailable_reason())")
+    code = ("from loader.layers import native_repack, native_repack_unavailable_reason as why; "
+            "print(native_repack() is not None, why())")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env={**os.environ, "LOADER_CACHE_DIR": str(fresh)})
     assert done.stdout.split() == ["True", "None"]
@@ -182,5 +182,5 @@ def test_a_cache_folder_that_cannot_be_written_leaves_torch_packing(fresh, monke
     blocked.write_text("a file where the cache folder would go")
     monkeypatch.setenv("LOADER_CACHE_DIR", str(blocked))
     assert native_repack() is None
-    reason = unavailable_reason()
+    reason = native_repack_unavailable_reason()
     assert reason is not None and reason.startswith("the native repack helpers could not be built or loaded: ")

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
         QKVParallelLinear,
         RowParallelLinear,
     )
-    from .native_packing import NativeRepack, native_repack
+    from .native_packing import NativeRepack, native_repack, native_repack_unavailable_reason
     from .param_layout import ParamLayout, PartLoader, layout_of, param_shape, set_param_layout, weight_loader_of
     from .quantization import (
         EmbeddingMethodBase,
@@ -83,6 +83,7 @@ __all__ = [
     "int8_grouped_unsupported_reason",
     "layout_of",
     "native_repack",
+    "native_repack_unavailable_reason",
     "pack_int4",
     "pack_int4_half_split",
     "pack_int4_half_split_parts",
@@ -109,6 +110,7 @@ _HOME = {
     "pack_int8_grouped": "int8_cpu",
     "NativeRepack": "native_packing",
     "native_repack": "native_packing",
+    "native_repack_unavailable_reason": "native_packing",
     "ColumnParallelLinear": "linear",
     "LinearBase": "linear",
     "MergedColumnParallelLinear": "linear",

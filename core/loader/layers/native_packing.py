@@ -21,7 +21,7 @@ Fallback: every function here has a torch implementation that writes the same
 bytes (:mod:`loader.layers.int4_cpu`, :mod:`loader.layers.int8_cpu`; the
 tests compare them byte for byte). :func:`native_repack` returns ``None`` —
 and those run — when ``LOADER_NATIVE_REPACK=0``, when no compiler is found or
-it fails, or when the library cannot be loaded; :func:`unavailable_reason` says
+it fails, or when the library cannot be loaded; :func:`native_repack_unavailable_reason` says
 which, and a failure is logged once as a warning.
 """
 
@@ -40,7 +40,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["ENV_SWITCH", "SOURCE", "NativeRepack", "build_library", "native_repack", "unavailable_reason"]
+__all__ = ["ENV_SWITCH", "SOURCE", "NativeRepack", "build_library", "native_repack",
+           "native_repack_unavailable_reason"]
 
 ENV_SWITCH = "LOADER_NATIVE_REPACK"
 """Set to ``0`` to pack with torch only (the compiled helpers are neither built nor loaded)."""
@@ -169,7 +170,7 @@ def _check_layout(rows: int, block_n: int, out: torch.Tensor, size: int) -> None
 _reason: str | None = None
 
 
-def unavailable_reason() -> str | None:
+def native_repack_unavailable_reason() -> str | None:
     """Why :func:`native_repack` is ``None`` in this process (``None`` when it is not, or was not asked yet)."""
     return _reason
 

@@ -608,3 +608,18 @@ def test_a_segmented_layer_follows_its_buffers_when_they_are_replaced(tiny_gguf)
     assert rebuilt[1].weight.kernel_dtype == torch.float32
     assert relative_error(layer(x), expected) <= 1e-2  # the kernel now computes in float32, not bfloat16
 
+
+
+def test_the_load_report_says_what_packed_the_int4_layers(tiny_gguf, packing):
+    """``quantization["packing"]``: ``compiled`` with the helpers, ``torch: <why>`` without them."""
+    path, _ = tiny_gguf("llama", Q.Q4_1)
+    _, report = loader.load_model_with_report(str(path))
+    assert report.quantization["kernels"].get("int4")
+    expected = "compiled" if packing == "native" else "torch: LOADER_NATIVE_REPACK=0"
+    assert report.quantization["packing"] == expected
+
+
+def test_a_load_with_nothing_packed_reports_no_packing(tiny_gguf):
+    path, _ = tiny_gguf("llama", Q.Q5_0)
+    _, report = loader.load_model_with_report(str(path))
+    assert "int4" not in "".join(report.quantization["kernels"]) and report.quantization["packing"] is None

@@ -83,6 +83,8 @@ from loader.layers import (
     WeightLoader,
     int4_unsupported_reason,
     int8_grouped_unsupported_reason,
+    native_repack,
+    native_repack_unavailable_reason,
     pack_int4,
     pack_int4_half_split_parts,
     pack_int8_grouped,
@@ -229,6 +231,7 @@ class GGUFQuantConfig(QuantizationConfig):
             "kernel_dtype": None if self.kernel_dtype is None else dtype_name(self.kernel_dtype),
             "dense_dtype": None if self.dense_dtype is None else dtype_name(self.dense_dtype),
             "packed_bytes": sum(choice.packed_bytes for choice in self.layer_log.values()),
+            "packing": _packing(counts),
             "layers": {prefix: attrs.asdict(choice) for prefix, choice in sorted(self.layer_log.items())},
         }
 
@@ -248,6 +251,17 @@ class GGUFQuantConfig(QuantizationConfig):
 
             return GGUFEmbeddingMethod(self)
         return None
+
+
+
+def _packing(kernels: dict[str, int]) -> str | None:
+    """What packed this load's int4 layers: ``compiled`` (:func:`loader.layers.native_repack`'s helpers, for
+    Q4_0/Q4_1 codes and Q8_0 planes) or ``torch: <why not>``; ``None`` when no layer is on the int4 kernel."""
+    if not any("int4" in kernel for kernel in kernels):
+        return None
+    if native_repack() is not None:
+        return "compiled"
+    return f"torch: {native_repack_unavailable_reason()}"
 
 
 @attrs.frozen
