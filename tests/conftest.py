@@ -93,7 +93,7 @@ def packing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
         monkeypatch.setenv("LOADER_NATIVE_REPACK", "0")
     native_repack.cache_clear()
     if request.param == "native" and native_repack() is None:
-        from loader.layers.native_packing import native_repack_unavailable_reason
+        from loader.layers import native_repack_unavailable_reason
 
         pytest.skip(f"no compiled packing helpers here: {native_repack_unavailable_reason()}")
     try:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import attrs
 
+from .._cache_root import cache_root
 from .capabilities import ModelInfo, ModelInfoError
 from .entry import RegisteredModel
 from .fingerprint import source_fingerprint
@@ -41,12 +42,7 @@ log = logging.getLogger(__name__)
 
 def default_cache_dir() -> Path:
     """``$LOADER_CACHE_DIR/model-info``, else the platform's user cache folder for ``loader``."""
-    base = os.environ.get("LOADER_CACHE_DIR")
-    if not base:
-        import platformdirs
-
-        base = platformdirs.user_cache_dir("loader")
-    return Path(base) / "model-info"
+    return cache_root() / "model-info"
 
 
 @attrs.frozen

@@ -40,6 +40,8 @@ from pathlib import Path
 
 import torch
 
+from .._cache_root import cache_root
+
 __all__ = ["ENV_SWITCH", "SOURCE", "NativeRepack", "build_library", "native_repack",
            "native_repack_unavailable_reason"]
 
@@ -57,15 +59,6 @@ _u8 = ctypes.c_void_p
 _i64 = ctypes.c_int64
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("LOADER_CACHE_DIR")
-    if not base:
-        import platformdirs
-
-        base = platformdirs.user_cache_dir("loader")
-    return Path(base) / "native"
-
-
 def _compiler() -> str | None:
     name = os.environ.get("CC") or "cc"
     return shutil.which(name)
@@ -77,7 +70,7 @@ def _library_path(compiler: str, source: bytes) -> Path:
                   platform.system().encode()):
         key.update(piece)
         key.update(b"\0")
-    return _cache_dir() / f"native_packing-{key.hexdigest()[:20]}.so"
+    return cache_root() / "native" / f"native_packing-{key.hexdigest()[:20]}.so"
 
 
 def build_library(compiler: str, source: bytes, target: Path, defines: tuple[str, ...] = ()) -> None:

@@ -253,7 +253,6 @@ class GGUFQuantConfig(QuantizationConfig):
         return None
 
 
-
 def _packing(kernels: dict[str, int]) -> str | None:
     """What packed this load's int4 layers: ``compiled`` (:func:`loader.layers.native_repack`'s helpers, for
     Q4_0/Q4_1 codes and Q8_0 planes) or ``torch: <why not>``; ``None`` when no layer is on the int4 kernel."""
