@@ -206,7 +206,9 @@ def loader_process_weights_after_loading(
 
     Called for every plugin. The core's own implementation runs each layer's
     ``quant_method.process_weights_after_loading`` with that layer's parameters
-    temporarily on ``target_device``; plugins add model-wide steps.
+    temporarily on ``target_device``; on a CPU load, layers whose method sets
+    ``process_weights_concurrently`` run on worker threads (``LOADER_READ_THREADS``
+    of them, ended with the step) beside the others. Plugins add model-wide steps.
 
     :param model: the loaded model.
     :param quant_config: the load's quantization config, or ``None``.

@@ -11,6 +11,8 @@ and check that the copy back lands in pinned memory.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -191,3 +193,103 @@ def test_the_heap_is_trimmed_per_trim_after_bytes_of_processed_layers_and_once_a
     postprocess.loader_process_weights_after_loading(model, None, torch.device("cpu"))
     assert processed == [str(i) for i in range(8)]
     assert trims == [4, 7, 8]  # after four quarters, after the big layer (and the two smalls before it), the end
+
+
+class _Step(nn.Module):
+    """A layer whose method runs ``step(layer)``, on a worker thread when ``concurrent``."""
+
+    def __init__(self, step: Any, concurrent: bool = True) -> None:
+        super().__init__()
+        from loader.layers.quantization import QuantizeMethodBase
+
+        class Method(QuantizeMethodBase):
+            process_weights_concurrently = concurrent
+
+            def create_weights(self, layer: nn.Module, *args: Any, **kwargs: Any) -> None:
+                return None
+
+            def apply(self, layer: nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
+                raise NotImplementedError
+
+            def process_weights_after_loading(self, layer: nn.Module) -> None:
+                step(layer)
+
+        self.quant_method = Method()
+
+
+def _postprocess(model: nn.Module, device: torch.device | None = None) -> None:
+    from loader._pipeline import postprocess
+
+    postprocess.loader_process_weights_after_loading(model, None, device or torch.device("cpu"))
+
+
+def _live_workers() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("loader-postprocess")]
+
+
+def test_willing_layers_are_processed_side_by_side_on_threads_that_end_with_the_step(monkeypatch):
+    """Two layers that each wait for the other finish only if they run at once; the unwilling one stays here."""
+    monkeypatch.setenv("LOADER_READ_THREADS", "2")
+    meeting = threading.Barrier(2, timeout=30)
+    seen: dict[str, str] = {}
+
+    def meet(name: str) -> Any:
+        def step(layer: nn.Module) -> None:
+            seen[name] = threading.current_thread().name
+            meeting.wait()
+        return step
+
+    model = nn.Sequential(_Step(meet("a")), _Step(lambda layer: seen.update(c=threading.current_thread().name),
+                                                  concurrent=False), _Step(meet("b")))
+    _postprocess(model)
+    assert seen["a"].startswith("loader-postprocess") and seen["b"].startswith("loader-postprocess")
+    assert seen["c"] == threading.current_thread().name
+    assert _live_workers() == []  # an idle worker's OpenMP team would slow every later torch op
+
+
+@pytest.mark.parametrize("reason", ["one thread", "not the CPU"])
+def test_layers_stay_on_the_loading_thread_with_one_thread_or_off_the_cpu(monkeypatch, reason):
+    monkeypatch.setenv("LOADER_READ_THREADS", "1" if reason == "one thread" else "2")
+    names: list[str] = []
+    model = nn.Sequential(*(_Step(lambda layer: names.append(threading.current_thread().name)) for _ in range(3)))
+    _postprocess(model, torch.device("cpu") if reason == "one thread" else FAKE_GPU)  # no parameters move
+    assert names == [threading.current_thread().name] * 3
+
+
+def test_a_worker_sees_the_loading_thread_s_context_and_grad_mode(monkeypatch):
+    """The load session lives in a context variable; post-processing runs under ``no_grad``."""
+    import contextvars
+
+    monkeypatch.setenv("LOADER_READ_THREADS", "2")
+    marker: contextvars.ContextVar[str] = contextvars.ContextVar("marker", default="unset")
+    seen: list[tuple[str, bool]] = []
+    model = nn.Sequential(*(_Step(lambda layer: seen.append((marker.get(), torch.is_grad_enabled())))
+                            for _ in range(2)))
+    marker.set("this load")
+    with torch.no_grad():
+        _postprocess(model)
+    assert seen == [("this load", False)] * 2
+
+
+def test_a_failing_layer_fails_the_step_and_nothing_runs_on_after_it(monkeypatch):
+    """The error is the first failing layer's in model order; layers not started are cancelled, running ones
+    finish before the step returns (no thread writes to the model of a failed load)."""
+    monkeypatch.setenv("LOADER_READ_THREADS", "2")
+    started: list[int] = []
+    finished: list[int] = []
+
+    def step(index: int) -> Any:
+        def run(layer: nn.Module) -> None:
+            started.append(index)
+            if index in (1, 3):
+                raise ValueError(f"layer {index} is damaged")
+            time.sleep(0.2)
+            finished.append(index)
+        return run
+
+    model = nn.Sequential(*(_Step(step(index)) for index in range(8)))
+    with pytest.raises(ValueError, match="layer 1 is damaged"):
+        _postprocess(model)
+    assert sorted(finished) == sorted(i for i in started if i not in (1, 3))  # whatever started has ended
+    assert len(started) < 8  # the tail was cancelled
+    assert _live_workers() == []

@@ -36,6 +36,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -161,6 +162,8 @@ def _check_layout(rows: int, block_n: int, out: torch.Tensor, size: int) -> None
 
 
 _reason: str | None = None
+_build_lock = threading.Lock()
+"""Held while the helpers are found or built: layers post-processed on two threads ask at once."""
 
 
 def native_repack_unavailable_reason() -> str | None:
@@ -171,6 +174,11 @@ def native_repack_unavailable_reason() -> str | None:
 @functools.cache
 def native_repack() -> NativeRepack | None:
     """The compiled helpers, built and cached on first use; ``None`` (torch packs) when they cannot be had."""
+    with _build_lock:  # a second thread waits, then loads the file the first built
+        return _find_or_build()
+
+
+def _find_or_build() -> NativeRepack | None:
     global _reason
     _reason = None
     if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):

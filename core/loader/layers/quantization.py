@@ -145,6 +145,13 @@ class QuantizeMethodBase(abc.ABC):
     #: the layer attribute holding this method's own record of the layer (see :meth:`set_layer_state`).
     layer_state_attr: ClassVar[str] = "quant_state"
 
+    #: ``True`` lets the core run :meth:`process_weights_after_loading` on a worker thread, beside other layers',
+    #: on a CPU load. Set it when the step touches only its own layer and state safe to share between threads
+    #: (a lock around caches, dict assignments), and spends its time where the GIL is released (torch ops,
+    #: :mod:`ctypes` calls): the threads then repack and fault in fresh pages side by side. The task sees the
+    #: loading thread's context (its load session) and grad mode; default ``False``, one layer at a time.
+    process_weights_concurrently: ClassVar[bool] = False
+
     def set_layer_state(self, layer: nn.Module, state: object) -> None:
         """Keep ``state`` (this method's typed record of ``layer``: sizes, parts seen, kernel) on the layer.
 

@@ -623,3 +623,19 @@ def test_a_load_with_nothing_packed_reports_no_packing(tiny_gguf):
     path, _ = tiny_gguf("llama", Q.Q5_0)
     _, report = loader.load_model_with_report(str(path))
     assert "int4" not in "".join(report.quantization["kernels"]) and report.quantization["packing"] is None
+
+
+def test_layers_packed_on_two_threads_are_byte_for_byte_the_one_thread_load(tiny_gguf, monkeypatch):
+    """GGUF layers are post-processed concurrently on a CPU load; the buffers and the report do not change."""
+    path, _ = tiny_gguf("llama", Q.Q4_1)
+    loads = {}
+    for threads in ("1", "2"):
+        monkeypatch.setenv("LOADER_READ_THREADS", threads)
+        loads[threads] = loader.load_model_with_report(str(path))
+    (one, one_report), (two, two_report) = loads["1"], loads["2"]
+    assert one_report.quantization == two_report.quantization
+    assert list(one_report.quantization["kernels"]) == list(two_report.quantization["kernels"])  # same order
+    one_state, two_state = one.state_dict(), two.state_dict()
+    assert one_state.keys() == two_state.keys()
+    for name, tensor in one_state.items():
+        assert torch.equal(tensor, two_state[name]), name

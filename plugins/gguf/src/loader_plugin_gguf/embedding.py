@@ -143,6 +143,7 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
     """One vocabulary embedding of a GGUF file: rows kept as blocks, dequantized when looked up."""
 
     layer_state_attr = "gguf_state"
+    process_weights_concurrently = True  # its own rows in, its own buffers out (a tied head has no step)
 
     def __init__(self, config: GGUFQuantConfig) -> None:
         self.config = config
@@ -449,6 +450,7 @@ class GGUFHeadMethod(LinearMethodBase):
     """
 
     layer_state_attr = GGUFEmbeddingMethod.layer_state_attr
+    process_weights_concurrently = GGUFEmbeddingMethod.process_weights_concurrently
 
     def __init__(self, config: GGUFQuantConfig) -> None:
         self.config = config

@@ -224,7 +224,7 @@ class GGUFQuantConfig(QuantizationConfig):
 
     def describe(self) -> dict[str, Any]:
         counts: dict[str, int] = {}
-        for choice in self.layer_log.values():
+        for _, choice in sorted(self.layer_log.items()):  # layers finish in any order when processed concurrently
             counts[choice.kernel] = counts.get(choice.kernel, 0) + 1
         return {
             "method": self.name, "kernels": counts,
@@ -354,6 +354,7 @@ class GGUFLinearMethod(LinearMethodBase):
     """One parallel linear layer of a GGUF file: parts remembered, then packed to int4 or dequantized."""
 
     layer_state_attr = "gguf_state"
+    process_weights_concurrently = True  # reads its own parts, writes its own buffers; packs in C or torch ops
 
     def __init__(self, config: GGUFQuantConfig) -> None:
         self.config = config

@@ -11,6 +11,7 @@ part. The bytes come from a copy-on-write memory map of the file shared by all i
 from __future__ import annotations
 
 import mmap
+import threading
 from pathlib import Path
 
 import torch
@@ -30,8 +31,13 @@ class MappedFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._bytes: torch.Tensor | None = None
+        self._lock = threading.Lock()  # layers post-processed on two threads may map it at once
 
     def bytes(self) -> torch.Tensor:
+        with self._lock:
+            return self._map()
+
+    def _map(self) -> torch.Tensor:
         if self._bytes is None:
             try:
                 with self.path.open("rb") as fh:
