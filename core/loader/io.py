@@ -3,13 +3,16 @@
 - the shared I/O thread pool (``LOADER_READ_THREADS``): :func:`io_pool`,
   :func:`io_threads`, :func:`run_in_pool`;
 - positioned exact reads: :func:`pread_exactly`;
-- the error a file shorter than its header promised raises: :func:`truncated_error`.
+- the error a file shorter than its header promised raises: :func:`truncated_error`;
+- where an array of length-prefixed records ends (GGUF string arrays), in compiled C
+  when a compiler is at hand: :func:`u64_prefixed_end`.
 """
 
 from __future__ import annotations
 
 from ._file_reads import pread_exactly, truncated_error
 from ._io_pool import io_pool, io_threads, run_in_pool
+from ._length_prefixed import u64_prefixed_end
 
 __all__ = [
     "io_pool",
@@ -17,4 +20,5 @@ __all__ = [
     "pread_exactly",
     "run_in_pool",
     "truncated_error",
+    "u64_prefixed_end",
 ]

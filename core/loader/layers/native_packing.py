@@ -13,9 +13,10 @@ How: the first load that packs compiles the source with the system C compiler
 (``$CC``, else ``cc``: one program name; about 0.2 s) into
 ``$LOADER_CACHE_DIR/native`` (else the user cache folder for ``loader``),
 named by a hash of the source, compiler, flags and machine, and loads it with
-:mod:`ctypes`; later processes load the cached file. The library is written
-to a temporary name and moved into place, so processes compiling at once all
-end with a whole file; a cached file that no longer loads is built again once.
+:mod:`ctypes`; later processes load the cached file (:mod:`loader._native_build`:
+written to a temporary name and moved into place, so processes compiling at
+once all end with a whole file; a cached file that no longer loads is built
+again once).
 
 Fallback: every function here has a torch implementation that writes the same
 bytes (:mod:`loader.layers.int4_cpu`, :mod:`loader.layers.int8_cpu`; the
@@ -29,19 +30,16 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
-import platform
-import shutil
 import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
 import torch
 
-from .._cache_root import cache_root
+from .._native_build import build_library, load_library
+from .._native_build import compiler as find_compiler
 
 __all__ = ["ENV_SWITCH", "SOURCE", "NativeRepack", "build_library", "native_repack",
            "native_repack_unavailable_reason"]
@@ -50,46 +48,12 @@ ENV_SWITCH = "LOADER_NATIVE_REPACK"
 """Set to ``0`` to pack with torch only (the compiled helpers are neither built nor loaded)."""
 
 SOURCE = Path(__file__).with_name("native_packing.c")
-_FLAGS = ("-O3", "-std=c99", "-shared", "-fPIC")
 _ABI = 1
-_COMPILE_TIMEOUT_S = 120
 _BLOCK_NS = (32, 64)
 log = logging.getLogger(__name__)
 
 _u8 = ctypes.c_void_p
 _i64 = ctypes.c_int64
-
-
-def _compiler() -> str | None:
-    name = os.environ.get("CC") or "cc"
-    return shutil.which(name)
-
-
-def _library_path(compiler: str, source: bytes) -> Path:
-    key = hashlib.sha256()
-    for piece in (source, compiler.encode(), " ".join(_FLAGS).encode(), platform.machine().encode(),
-                  platform.system().encode()):
-        key.update(piece)
-        key.update(b"\0")
-    return cache_root() / "native" / f"native_packing-{key.hexdigest()[:20]}.so"
-
-
-def build_library(compiler: str, source: bytes, target: Path, defines: tuple[str, ...] = ()) -> None:
-    """Compile ``source`` into ``target`` through a temporary file in the same folder, then move it into place.
-
-    ``defines`` (``-D`` names) are for the tests: ``LOADER_REPACK_SCALAR`` builds the portable loops a
-    compiler without SSE2 gets, so both are checked against torch on any x86 machine.
-    """
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as scratch:
-        c_file = Path(scratch) / "native_packing.c"
-        c_file.write_bytes(source)
-        built = Path(scratch) / target.name
-        command = [compiler, *_FLAGS, *(f"-D{name}" for name in defines), "-o", str(built), str(c_file)]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=_COMPILE_TIMEOUT_S, check=False)
-        if done.returncode != 0 or not built.is_file():
-            raise OSError(f"{compiler} exited with {done.returncode}: {done.stderr.strip()[-500:]}")
-        os.replace(built, target)
 
 
 class NativeRepack:
@@ -184,24 +148,16 @@ def _find_or_build() -> NativeRepack | None:
     if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
         _reason = f"{ENV_SWITCH}=0"
         return None
-    compiler = _compiler()
+    compiler = find_compiler()
     if compiler is None:
         _reason = f"no C compiler ({os.environ.get('CC') or 'cc'}) on PATH"
         log.warning("packing with torch only (slower loads): %s", _reason)
         return None
-    source = SOURCE.read_bytes()
-    path = _library_path(compiler, source)
     try:
-        if not path.is_file():
-            build_library(compiler, source, path)
-        try:
-            library = ctypes.CDLL(str(path))
-        except OSError:  # a cached file damaged since it was written (it is replaced, never written in place)
-            build_library(compiler, source, path)
-            library = ctypes.CDLL(str(path))
+        library = load_library(compiler, SOURCE)
         if library.loader_repack_abi() != _ABI:
-            raise OSError(f"{path} is not ABI {_ABI}")
-        return NativeRepack(library, path)
+            raise OSError(f"{library._name} is not ABI {_ABI}")
+        return NativeRepack(library, Path(library._name))
     except (OSError, subprocess.SubprocessError) as error:
         _reason = f"the native repack helpers could not be built or loaded: {error}"
         log.warning("packing with torch only (slower loads): %s", _reason)

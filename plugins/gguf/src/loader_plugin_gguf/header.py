@@ -26,6 +26,7 @@ import numpy as np
 from gguf.constants import GGUFValueType
 
 from loader.errors import CheckpointFormatError, UnsupportedError
+from loader.io import u64_prefixed_end
 
 from .tensor_table import TableEntry, TensorInfo, alignment_of, build_tensor_table
 
@@ -171,29 +172,19 @@ def _read_string_array(cur: _Cursor, count: int, key: str) -> GGUFStrings:
     """The hot loop of a header (vocabularies, merges): walk the lengths, bounds-checked, decode nothing.
 
     Decoding ~100k vocabulary and merge strings is most of a header's parse, yet only a tokenizer reads
-    them; a load needs the tensor table behind them. So the walk only finds where the array ends, and
+    them; a load needs the tensor table behind them. So the walk only finds where the array ends (in
+    compiled C where a compiler is at hand: :func:`loader.io.u64_prefixed_end`), and
     :class:`GGUFStrings` keeps a copy of its bytes to decode when first read.
     """
-    buf, start, size = cur.buf, cur.pos, cur.size
-    length_of = _U64.unpack_from
-    pos, done = start, 0
-    try:
-        for done in range(count):  # noqa: B007 -- ``done`` says where a truncated array stopped
-            (length,) = length_of(buf, pos)
-            if pos + 8 + length > size:
-                break
-            pos += 8 + length
-        else:
-            done = count
-    except struct.error:
-        pass
+    start = cur.pos
+    end, done = u64_prefixed_end(cur.buf, start, count)
     if done < count:
         raise CheckpointFormatError(
             f"{cur.path}: truncated file: item {done} of the {count} strings of metadata key {key!r} "
             f"runs past the end of the file"
         )
-    cur.pos = pos
-    return GGUFStrings(bytes(buf[start:pos]), count, f"{cur.path}: metadata key {key!r}")
+    cur.pos = end
+    return GGUFStrings(bytes(cur.buf[start:end]), count, f"{cur.path}: metadata key {key!r}")
 
 
 class GGUFStrings(Sequence[str]):
