@@ -95,6 +95,10 @@ def materialize(model: nn.Module, device: torch.device, *, arena: bool = True) -
     """
     entries = [e for e in _tensors(model) if e[1].device.type == "meta"]
     if device.type == "cpu" and arena and entries:
+        # a 0-byte placeholder (GGUF keeps the blocks until post-processing) needs no memory, let alone a map
+        for owners, tensor, is_param in (e for e in entries if e[1].numel() == 0):
+            _assign(owners, tensor, torch.empty_like(tensor, device=device), is_param)
+        entries = [e for e in entries if e[1].numel() > 0]
         if mapping_enabled():
             entries = _give_regions(entries)
         for group in _arena_groups(entries):
