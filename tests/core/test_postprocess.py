@@ -293,3 +293,24 @@ def test_a_failing_layer_fails_the_step_and_nothing_runs_on_after_it(monkeypatch
     assert sorted(finished) == sorted(i for i in started if i not in (1, 3))  # whatever started has ended
     assert len(started) < 8  # the tail was cancelled
     assert _live_workers() == []
+
+
+def test_workers_run_torch_ops_on_one_thread_and_the_count_is_restored_after(monkeypatch):
+    """Two workers with an OpenMP team each oversubscribe the CPUs; a thread started after the step gets the
+    intra-op thread count it would have got before."""
+    monkeypatch.setenv("LOADER_READ_THREADS", "2")
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)  # the suite runs with OMP_NUM_THREADS=1, where one thread would prove nothing
+    try:
+        seen: list[int] = []
+        model = nn.Sequential(*(_Step(lambda layer: seen.append(torch.get_num_threads())) for _ in range(2)))
+        _postprocess(model)
+        later: list[int] = []
+        thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        thread.start()
+        thread.join()
+        after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(previous)
+    assert seen == [1, 1]
+    assert after == 2 and later == [2]

@@ -24,7 +24,8 @@ repack's heavy steps (torch ops, compiled helpers called through
 :mod:`ctypes`) release the GIL, and much of their time is the kernel faulting
 in the fresh pages they write, which two threads do side by side (SmolLM2
 Q4_1 packed, 2 vCPUs: post-processing ~130 -> ~100 ms). Each task runs in a
-copy of the loading thread's context (the load session) and grad mode. A
+copy of the loading thread's context (the load session) and grad mode, its
+torch ops on one intra-op thread. A
 failure cancels what has not started, waits for what has, and is raised for
 the first failing layer in model order, so no layer is still being written
 once the load has failed.
@@ -94,14 +95,23 @@ def loader_process_weights_after_loading(
         _process(layers, {}, target_device)
         return
     # threads of its own, ended with the step: a thread that ran torch ops keeps an OpenMP team, and while
-    # such idle teams outnumber the CPUs libgomp stops spinning at barriers (SmolLM2 decode: 60 -> 20 tok/s)
-    with ThreadPoolExecutor(threads, thread_name_prefix="loader-postprocess") as pool:
-        started = _start(pool, willing)
-        try:
-            _process(layers, started, target_device)
-        except BaseException:
-            _stop(started.values())
-            raise
+    # such idle teams outnumber the CPUs libgomp stops spinning at barriers (SmolLM2 decode: 60 -> 20 tok/s).
+    # Each runs torch ops on one thread: the workers already fill the CPUs, and a team per worker
+    # oversubscribed them (SmolLM2, 2 vCPUs: post-processing ~106 -> ~94 ms).
+    import torch
+
+    intra_op = torch.get_num_threads()
+    try:
+        with ThreadPoolExecutor(threads, thread_name_prefix="loader-postprocess",
+                                initializer=torch.set_num_threads, initargs=(1,)) as pool:
+            started = _start(pool, willing)
+            try:
+                _process(layers, started, target_device)
+            except BaseException:
+                _stop(started.values())
+                raise
+    finally:
+        torch.set_num_threads(intra_op)  # the count a thread started later inherits (set_num_threads is global)
 
 
 def _process(layers: list[tuple[nn.Module, QuantizeMethodBase]], started: dict[int, Future[None]],

@@ -149,7 +149,8 @@ class QuantizeMethodBase(abc.ABC):
     #: on a CPU load. Set it when the step touches only its own layer and state safe to share between threads
     #: (a lock around caches, dict assignments), and spends its time where the GIL is released (torch ops,
     #: :mod:`ctypes` calls): the threads then repack and fault in fresh pages side by side. The task sees the
-    #: loading thread's context (its load session) and grad mode; default ``False``, one layer at a time.
+    #: loading thread's context (its load session) and grad mode, its torch ops on one intra-op thread (the
+    #: workers already fill the CPUs); default ``False``, one layer at a time.
     process_weights_concurrently: ClassVar[bool] = False
 
     def set_layer_state(self, layer: nn.Module, state: object) -> None:
