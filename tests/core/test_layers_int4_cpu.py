@@ -155,3 +155,34 @@ def test_half_split_parts_give_the_weight_of_the_concatenated_rows(packing):
     unpacked = pack_int4_half_split_parts([odd[:12], odd[12:]], sz)
     assert unpacked.reason == "output features 20 are not a multiple of 16"
     assert torch.equal(unpacked.data, torch.cat((odd & 0x0F, odd >> 4), dim=2).reshape(20, 96))
+
+
+@pytest.mark.parametrize("rows", [(64, 32, 32), (64, 48, 16), (24, 8), (160,)])
+def test_half_split_parts_in_their_own_row_order_are_those_rows_packed(packing, rows):
+    """``row_orders`` (llama.cpp's interleaved q/k rows): the weight of ``part[order]`` for each part, whether
+    the parts fill whole row blocks, cut one, or end in a partial block; a last part in stored order beside them."""
+    from loader.layers import pack_int4_half_split_parts
+
+    generator = torch.Generator().manual_seed(sum(rows))
+    parts, orders = [], []
+    for index, n in enumerate(rows):
+        if index == len(rows) - 1 and len(rows) > 1:
+            parts.append(torch.randint(0, 256, (n, 3, 16), dtype=torch.uint8, generator=generator))
+            orders.append(None)
+        else:  # more rows stored than the part holds (a rank's window), picked in shuffled order
+            parts.append(torch.randint(0, 256, (n + 8, 3, 16), dtype=torch.uint8, generator=generator))
+            orders.append(torch.randperm(n + 8, generator=generator)[:n])
+    sz = torch.rand(3, sum(rows), 2, generator=generator).to(torch.bfloat16)
+    copied = [part if order is None else part.index_select(0, order)
+              for part, order in zip(parts, orders, strict=True)]
+    got = pack_int4_half_split_parts(parts, sz, orders)
+    expected = pack_int4_half_split_parts(copied, sz)
+    assert torch.equal(got.data, expected.data) and got.reason == expected.reason
+
+
+def test_row_orders_must_match_the_parts():
+    from loader.layers import pack_int4_half_split_parts
+
+    q = torch.zeros(32, 2, 16, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="1 row orders for 2 half-split parts"):
+        pack_int4_half_split_parts([q, q], torch.zeros(2, 64, 2), [None])

@@ -103,6 +103,51 @@ def test_scales_and_zeros_are_torch_s_float32_sums_rounded_to_bfloat16(helpers, 
     assert torch.equal(out.view(torch.int16)[~nan], expected.view(torch.int16)[~nan])
 
 
+def _interleaved_order(rows: int, head_dim: int) -> torch.Tensor:
+    """llama.cpp's q/k row interleave undone: each head's even rows, then its odd ones."""
+    heads = torch.arange(rows).view(rows // head_dim, head_dim // 2, 2)
+    return heads.transpose(1, 2).reshape(-1).contiguous()
+
+
+@pytest.mark.parametrize("block_n", [32, 64])
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+def test_rows_in_another_order_pack_as_those_rows_copied_out_first(helpers, block_n, head_dim):
+    """The row order is read in place (llama.cpp's interleaved q/k rows are not copied out before packing)."""
+    blocks = _blocks(256, 18, 20, head_dim)
+    order = _interleaved_order(256, head_dim)
+    qs = blocks[:, :, 4:]
+    in_place, copied = (torch.empty(256 * 18 * 16, dtype=torch.uint8) for _ in range(2))
+    helpers.int4pack_half_split(qs, block_n, in_place, order)
+    helpers.int4pack_half_split(qs.index_select(0, order), block_n, copied)
+    assert torch.equal(in_place, copied)
+    scales_in_place, scales_copied = (torch.zeros(18, 300, 2, dtype=torch.bfloat16) for _ in range(2))
+    helpers.q4_scales_bf16(blocks, True, scales_in_place, 44, order)
+    helpers.q4_scales_bf16(blocks.index_select(0, order), True, scales_copied, 44)
+    assert torch.equal(scales_in_place.view(torch.int16), scales_copied.view(torch.int16))
+
+
+def test_a_row_order_can_pick_some_of_the_stored_rows(helpers):
+    """A tensor-parallel rank's q rows: a window of the stored rows, in its own order."""
+    blocks = _blocks(96, 4, 20, 9)
+    order = torch.arange(95, 31, -1)  # 64 of the 96 rows, last first
+    out, expected = (torch.empty(64 * 4 * 16, dtype=torch.uint8) for _ in range(2))
+    helpers.int4pack_half_split(blocks[:, :, 4:], 64, out, order)
+    helpers.int4pack_half_split(blocks[:, :, 4:].index_select(0, order), 64, expected)
+    assert torch.equal(out, expected)
+
+
+def test_a_row_order_outside_the_stored_rows_is_refused_by_name(helpers):
+    qs = torch.zeros(64, 2, 16, dtype=torch.uint8)
+    out = torch.empty(64 * 2 * 16, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"a row order indexes rows 1\.\.64 of 64 stored rows"):
+        helpers.int4pack_half_split(qs, 64, out, torch.arange(1, 65))
+    with pytest.raises(ValueError, match=r"a row order indexes rows -1\.\.62 of 64 stored rows"):
+        helpers.q4_scales_bf16(torch.zeros(64, 2, 20, dtype=torch.uint8), True,
+                               torch.zeros(2, 64, 2, dtype=torch.bfloat16), 0, torch.arange(-1, 63))
+    with pytest.raises(ValueError, match=r"a row order must be contiguous int64 \[rows\] on the CPU, not torch.int32"):
+        helpers.int4pack_half_split(qs, 64, out, torch.arange(64, dtype=torch.int32))
+
+
 def test_what_the_helpers_refuse_is_named(helpers):
     qs = torch.zeros(64, 2, 16, dtype=torch.uint8)
     out = torch.empty(64 * 2 * 16, dtype=torch.uint8)

@@ -117,8 +117,6 @@ def loader_process_weights_after_loading(
 def _process(layers: list[tuple[nn.Module, QuantizeMethodBase]], started: dict[int, Future[None]],
              target_device: torch.device) -> None:
     """Each layer in model order: processed here, or its started task awaited; the heap trimmed as they end."""
-    from .materialize import parameter_bytes
-
     since_trim = 0
     for module, method in layers:
         running = started.get(id(module))
@@ -127,11 +125,18 @@ def _process(layers: list[tuple[nn.Module, QuantizeMethodBase]], started: dict[i
         else:
             with device_loading_context(module, target_device):
                 method.process_weights_after_loading(module)
-        since_trim += parameter_bytes(module)
+        since_trim += _own_bytes(module)
         if since_trim >= TRIM_AFTER_BYTES:
             release_freed_heap()
             since_trim = 0
     release_freed_heap()
+
+
+def _own_bytes(module: nn.Module) -> int:
+    """The bytes of ``module``'s own parameters and buffers: not its children's, which a worker may still be
+    writing (and which, quantized themselves, are counted when their turn comes)."""
+    tensors = {id(t): t for t in (*module._parameters.values(), *module._buffers.values()) if t is not None}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 def _start(pool: ThreadPoolExecutor, willing: list[tuple[nn.Module, QuantizeMethodBase]]) -> dict[int, Future[None]]:

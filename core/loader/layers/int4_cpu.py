@@ -160,20 +160,28 @@ def pack_int4_half_split(qs: torch.Tensor, scales: torch.Tensor, biases: torch.T
     return pack_int4_half_split_parts([qs], _scales_and_zeros(scales, biases, dtype))
 
 
-def pack_int4_half_split_parts(parts: Sequence[torch.Tensor], scales_and_zeros: torch.Tensor) -> Int4CpuWeight:
+def pack_int4_half_split_parts(parts: Sequence[torch.Tensor], scales_and_zeros: torch.Tensor,
+                               row_orders: Sequence[torch.Tensor | None] | None = None) -> Int4CpuWeight:
     """:func:`pack_int4_half_split` for a weight whose rows come in parts, its scales already in torch's form.
 
     :param parts: uint8 ``[N_i, K / 32, 16]`` half-split codes (any strides), the weight's rows in order —
         a fused layer's ``q``/``k``/``v`` or ``gate``/``up`` blocks as read, never concatenated.
     :param scales_and_zeros: ``[K / 32, sum N_i, 2]`` in the kernel's dtype, torch's convention
         (``w = (q - 8) * scale + zero``), built by the caller straight from its file's fields.
+    :param row_orders: per part, ``None`` or int64 indices of its rows in the weight's order (the part's rows
+        are then ``part[order]``: llama.cpp's interleaved q/k rows, say), read in place by the compiled
+        helpers and copied out only for the torch path.
 
     Why: concatenating a fused layer's parts and stacking its scales were a
     third of a packed GGUF load's packing; each part whose rows start and end
     on the layout's row blocks is transposed straight into place instead.
     """
+    orders = list(row_orders) if row_orders is not None else [None] * len(parts)
+    if len(orders) != len(parts):
+        raise ValueError(f"{len(orders)} row orders for {len(parts)} half-split parts")
     groups = int(parts[0].shape[1])
-    n = sum(int(part.shape[0]) for part in parts)
+    n = sum(int(part.shape[0]) if order is None else int(order.numel())
+            for part, order in zip(parts, orders, strict=True))
     k = groups * HALF_SPLIT_GROUP
     if any(tuple(part.shape[1:]) != (groups, HALF_SPLIT_GROUP // 2) for part in parts):
         raise ValueError(f"half-split parts {[tuple(part.shape) for part in parts]} do not share "
@@ -183,9 +191,16 @@ def pack_int4_half_split_parts(parts: Sequence[torch.Tensor], scales_and_zeros: 
                          f"parts of {n} rows and {groups} groups")
     block_n = torch_int4_block_n()
     if int4_unsupported_reason(n, k, HALF_SPLIT_GROUP) is not None or block_n is None:
-        qs = parts[0] if len(parts) == 1 else torch.cat(list(parts))
+        rows = _in_order(parts, orders)
+        qs = rows[0] if len(rows) == 1 else torch.cat(rows)
         return _pack_codes(torch.cat((qs & 0x0F, qs >> 4), dim=2).reshape(n, k), scales_and_zeros, HALF_SPLIT_GROUP)
-    return Int4CpuWeight(_int4pack_from_half_split(parts, block_n), scales_and_zeros, HALF_SPLIT_GROUP, k, None)
+    return Int4CpuWeight(_int4pack_from_half_split(parts, block_n, orders), scales_and_zeros, HALF_SPLIT_GROUP, k,
+                         None)
+
+
+def _in_order(parts: Sequence[torch.Tensor], orders: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+    """Each part's rows in the weight's order (a copy where it has a row order)."""
+    return [part if order is None else part.index_select(0, order) for part, order in zip(parts, orders, strict=True)]
 
 
 _LOW_NIBBLES = 0x0F0F0F0F0F0F0F0F
@@ -234,7 +249,8 @@ def _by_column(parts: Sequence[torch.Tensor], n: int, block_n: int) -> torch.Ten
     return by_column
 
 
-def _int4pack_from_half_split(parts: Sequence[torch.Tensor], block_n: int) -> torch.Tensor:
+def _int4pack_from_half_split(parts: Sequence[torch.Tensor], block_n: int,
+                              orders: Sequence[torch.Tensor | None] | None = None) -> torch.Tensor:
     """:func:`pack_codes_bytes`'s layout (see there) from half-split codes ``[N_i, G, 16]``, rows in parts.
 
     Parts whose boundaries fall inside a row block are concatenated first. With the compiled helpers
@@ -244,28 +260,37 @@ def _int4pack_from_half_split(parts: Sequence[torch.Tensor], block_n: int) -> to
     the rows a byte pairs (``j`` and ``j + block_n / 2``) sit at the same place of two planes; the nibbles are
     then paired on 64-bit words written straight into torch's layout.
     """
+    orders = list(orders) if orders is not None else [None] * len(parts)
     groups = int(parts[0].shape[1])
-    n = sum(int(part.shape[0]) for part in parts)
+    sizes = [int(part.shape[0]) if order is None else int(order.numel())
+             for part, order in zip(parts, orders, strict=True)]
+    n = sum(sizes)
     k = groups * HALF_SPLIT_GROUP
     full = n // block_n * block_n
     device = parts[0].device
-    if any(int(part.shape[0]) % block_n for part in parts[:-1]):  # a boundary inside a block: one more copy
-        parts = [torch.cat(list(parts))]
-    out = torch.empty(n * k // 2, dtype=torch.uint8, device=device)
     native = native_repack() if device.type == "cpu" and all(p.stride(-1) == 1 for p in parts) else None
+    if any(size % block_n for size in sizes[:-1]):  # a boundary inside a block: one more copy
+        parts, orders, sizes = [torch.cat(_in_order(parts, orders))], [None], [n]
+    elif native is None or not full:  # torch reads rows in order
+        parts, orders = _in_order(parts, orders), [None] * len(parts)
+    out = torch.empty(n * k // 2, dtype=torch.uint8, device=device)
     if full and native is not None:  # each part's whole blocks straight into place, in one compiled pass
         start = 0
-        for part in parts:
-            whole = min(int(part.shape[0]), full - start) // block_n * block_n
+        for part, order, size in zip(parts, orders, sizes, strict=True):
+            whole = min(size, full - start) // block_n * block_n
             if whole:
-                native.int4pack_half_split(part[:whole], block_n, out[start * k // 2:(start + whole) * k // 2])
-            start += int(part.shape[0])
+                target = out[start * k // 2:(start + whole) * k // 2]
+                if order is None:
+                    native.int4pack_half_split(part[:whole], block_n, target)
+                else:
+                    native.int4pack_half_split(part, block_n, target, order[:whole])
+            start += size
     elif full:
         words = _by_column(parts, n, block_n).view(torch.int64)  # [B, 2, G, 16, block_n / 16]
         packed = out[: full * k // 2].view(full // block_n, groups, 2, 16, block_n // 2).view(torch.int64)
         _pair_nibbles_into(packed[:, :, 0], packed[:, :, 1], words[:, 0], words[:, 1])
     if full < n:  # the last rows (a multiple of 16, all in the last part) pair adjacent rows: [K, T / 2] bytes
-        last = parts[-1]
+        last = parts[-1] if orders[-1] is None else parts[-1].index_select(0, orders[-1][sizes[-1] - (n - full):])
         tail = torch.empty(groups, 16, n - full, dtype=torch.uint8, device=device)
         tail.copy_(last[int(last.shape[0]) - (n - full):].permute(1, 2, 0))
         even, odd = tail[..., 0::2], tail[..., 1::2]

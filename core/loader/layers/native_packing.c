@@ -27,16 +27,22 @@
 
 #define MAX_HALF 32 /* block_n / 2 for block_n 64 (AVX-512 builds) or 32 (AVX2) */
 
-int loader_repack_abi(void) { return 1; }
+int loader_repack_abi(void) { return 2; }
 
 int loader_repack_simd(void) { return LOADER_REPACK_SSE2; }
 
-/* out[p][j] = rows[j * stride + p] for 16 columns p and `count` rows j (a multiple of 16). */
-static void gather_columns(const uint8_t *rows, int64_t stride, int count, uint8_t out[16][MAX_HALF]) {
+/* Byte offsets of rows first .. first + count - 1 from src: row r at rows[r] * row_stride when a row order is
+ * given (the rows of a part in its layer's order, e.g. llama.cpp's q/k rows un-interleaved), else r * row_stride. */
+static void row_offsets(const int64_t *rows, int64_t row_stride, int64_t first, int count, int64_t *at) {
+    for (int j = 0; j < count; j++) at[j] = (rows ? rows[first + j] : first + j) * row_stride;
+}
+
+/* out[p][j] = base[at[j] + p] for 16 columns p and `count` rows j (a multiple of 16). */
+static void gather_columns(const uint8_t *base, const int64_t *at, int count, uint8_t out[16][MAX_HALF]) {
 #if LOADER_REPACK_SSE2
     for (int j0 = 0; j0 < count; j0 += 16) {
         __m128i x[16], y[16];
-        for (int i = 0; i < 16; i++) x[i] = _mm_loadu_si128((const __m128i *)(rows + (j0 + i) * stride));
+        for (int i = 0; i < 16; i++) x[i] = _mm_loadu_si128((const __m128i *)(base + at[j0 + i]));
         /* four rounds of interleaving rows i and i + 8 transpose a 16 x 16 byte tile */
         for (int round = 0; round < 4; round++) {
             for (int i = 0; i < 8; i++) {
@@ -49,27 +55,28 @@ static void gather_columns(const uint8_t *rows, int64_t stride, int count, uint8
     }
 #else
     for (int j = 0; j < count; j++)
-        for (int p = 0; p < 16; p++) out[p][j] = rows[j * stride + p];
+        for (int p = 0; p < 16; p++) out[p][j] = base[at[j] + p];
 #endif
 }
 
 /*
  * Q4_0 / Q4_1 codes (16 bytes a group of 32 columns: column p low, p + 16 high) into torch's layout.
- * src: row r, group g at src + r * row_stride + g * group_stride; blocks * block_n rows, `groups` groups.
- * dst: blocks * groups * 32 * block_n / 2 bytes.
+ * src: row r, group g at src + r * row_stride + g * group_stride; blocks * block_n rows, `groups` groups;
+ * rows (NULL: in order) lists the source row of each output row. dst: blocks * groups * 32 * block_n / 2 bytes.
  */
-void loader_int4pack_half_split(const uint8_t *src, int64_t row_stride, int64_t group_stride, int64_t blocks,
-                                int64_t groups, int64_t block_n, uint8_t *dst) {
+void loader_int4pack_half_split(const uint8_t *src, const int64_t *rows, int64_t row_stride, int64_t group_stride,
+                                int64_t blocks, int64_t groups, int64_t block_n, uint8_t *dst) {
     const int half = (int)(block_n / 2);
     const int64_t k = groups * 32;
     uint8_t lo[16][MAX_HALF], hi[16][MAX_HALF];
+    int64_t first[MAX_HALF], second[MAX_HALF];
     for (int64_t b = 0; b < blocks; b++) {
-        const uint8_t *first = src + b * block_n * row_stride;
-        const uint8_t *second = first + half * row_stride;
+        row_offsets(rows, row_stride, b * block_n, half, first);
+        row_offsets(rows, row_stride, b * block_n + half, half, second);
         uint8_t *block = dst + b * k * half;
         for (int64_t g = 0; g < groups; g++) {
-            gather_columns(first + g * group_stride, row_stride, half, lo);
-            gather_columns(second + g * group_stride, row_stride, half, hi);
+            gather_columns(src + g * group_stride, first, half, lo);
+            gather_columns(src + g * group_stride, second, half, hi);
             uint8_t *low_columns = block + g * 32 * half;   /* columns g * 32 + p */
             uint8_t *high_columns = low_columns + 16 * half; /* columns g * 32 + 16 + p */
             for (int p = 0; p < 16; p++) {
@@ -93,14 +100,15 @@ void loader_int8_planes(const uint8_t *src, int64_t row_stride, int64_t group_st
     const int64_t k = groups * 32;
     uint8_t *low_plane = dst + blocks * block_n * k / 2;
     uint8_t f[16][MAX_HALF], s[16][MAX_HALF]; /* rows j and j + half of a block, by column */
+    int64_t first[MAX_HALF], second[MAX_HALF];
     for (int64_t b = 0; b < blocks; b++) {
-        const uint8_t *first = src + b * block_n * row_stride;
-        const uint8_t *second = first + half * row_stride;
+        row_offsets(NULL, row_stride, b * block_n, half, first);
+        row_offsets(NULL, row_stride, b * block_n + half, half, second);
         for (int64_t g = 0; g < groups; g++) {
             for (int part = 0; part < 2; part++) { /* the group's columns 0-15, then 16-31 */
                 const int64_t offset = g * group_stride + part * 16;
-                gather_columns(first + offset, row_stride, half, f);
-                gather_columns(second + offset, row_stride, half, s);
+                gather_columns(src + offset, first, half, f);
+                gather_columns(src + offset, second, half, s);
                 const int64_t at = b * k * half + (g * 32 + part * 16) * half;
                 for (int p = 0; p < 16; p++) {
                     for (int j = 0; j < half; j++) {
@@ -141,23 +149,26 @@ static inline uint16_t float_to_bfloat16(float value) {
 
 /*
  * Torch's bfloat16 scales and zeros [groups, dst_rows, 2] (w = (q - 8) s + z) for rows
- * row_offset .. row_offset + rows from each block's leading float16 fields: Q4_0 (has_min 0: s = d, z = 0)
+ * row_offset .. row_offset + count from each block's leading float16 fields: Q4_0 (has_min 0: s = d, z = 0)
  * or Q4_1 (s = d, z = m + 8 d in float32, rounded once). src: row r, group g's block at
- * src + r * row_stride + g * group_stride.
+ * src + r * row_stride + g * group_stride; rows (NULL: in order) lists the source row of each output row.
  */
-void loader_q4_scales_bf16(const uint8_t *src, int64_t row_stride, int64_t group_stride, int64_t rows,
-                           int64_t groups, int has_min, uint16_t *dst, int64_t dst_rows, int64_t row_offset) {
+void loader_q4_scales_bf16(const uint8_t *src, const int64_t *rows, int64_t row_stride, int64_t group_stride,
+                           int64_t count_rows, int64_t groups, int has_min, uint16_t *dst, int64_t dst_rows,
+                           int64_t row_offset) {
     /* 64 rows at a time: their blocks stay in cache across the groups; each group's fields are gathered
      * into a short array, converted by a loop the compiler vectorizes, and written as one contiguous run */
     uint16_t d[SCALE_TILE], m[SCALE_TILE];
     uint16_t pairs[2 * SCALE_TILE];
-    for (int64_t first = 0; first < rows; first += SCALE_TILE) {
-        const int count = (int)(rows - first < SCALE_TILE ? rows - first : SCALE_TILE);
+    int64_t at[SCALE_TILE];
+    for (int64_t first = 0; first < count_rows; first += SCALE_TILE) {
+        const int count = (int)(count_rows - first < SCALE_TILE ? count_rows - first : SCALE_TILE);
+        row_offsets(rows, row_stride, first, count, at);
         for (int64_t g = 0; g < groups; g++) {
-            const uint8_t *block = src + first * row_stride + g * group_stride;
+            const uint8_t *group = src + g * group_stride;
             for (int j = 0; j < count; j++) {
-                memcpy(&d[j], block + j * row_stride, 2); /* little-endian, as GGUF stores it */
-                if (has_min) memcpy(&m[j], block + j * row_stride + 2, 2);
+                memcpy(&d[j], group + at[j], 2); /* little-endian, as GGUF stores it */
+                if (has_min) memcpy(&m[j], group + at[j] + 2, 2);
                 else m[j] = 0;
             }
             for (int j = 0; j < count; j++) {

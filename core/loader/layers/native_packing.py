@@ -48,7 +48,7 @@ ENV_SWITCH = "LOADER_NATIVE_REPACK"
 """Set to ``0`` to pack with torch only (the compiled helpers are neither built nor loaded)."""
 
 SOURCE = Path(__file__).with_name("native_packing.c")
-_ABI = 1
+_ABI = 2
 _BLOCK_NS = (32, 64)
 log = logging.getLogger(__name__)
 
@@ -63,21 +63,26 @@ class NativeRepack:
         self.path = path
         self.simd = bool(library.loader_repack_simd())
         self._half_split = library.loader_int4pack_half_split
-        self._half_split.argtypes = [_u8, _i64, _i64, _i64, _i64, _i64, _u8]
+        self._half_split.argtypes = [_u8, _u8, _i64, _i64, _i64, _i64, _i64, _u8]
         self._half_split.restype = None
         self._planes = library.loader_int8_planes
         self._planes.argtypes = [_u8, _i64, _i64, _i64, _i64, _i64, _u8]
         self._planes.restype = None
         self._q4_scales = library.loader_q4_scales_bf16
-        self._q4_scales.argtypes = [_u8, _i64, _i64, _i64, _i64, ctypes.c_int, _u8, _i64, _i64]
+        self._q4_scales.argtypes = [_u8, _u8, _i64, _i64, _i64, _i64, ctypes.c_int, _u8, _i64, _i64]
         self._q4_scales.restype = None
 
-    def int4pack_half_split(self, qs: torch.Tensor, block_n: int, out: torch.Tensor) -> None:
+    def int4pack_half_split(self, qs: torch.Tensor, block_n: int, out: torch.Tensor,
+                            rows: torch.Tensor | None = None) -> None:
         """Half-split codes ``[N, G, 16]`` (``N`` a multiple of ``block_n``) into torch's layout in ``out``
-        (``N * G * 16`` bytes) — :func:`loader.layers.pack_int4_half_split_parts`."""
-        n, groups = _rows_of(qs, 16)
+        (``N * G * 16`` bytes) — :func:`loader.layers.pack_int4_half_split_parts`. With ``rows`` (int64 row
+        indices into ``qs``) the weight's rows are ``qs[rows]``, read in place instead of copied out first."""
+        stored, groups = _rows_of(qs, 16)
+        order = _row_order(rows, stored)
+        n = stored if rows is None else int(rows.numel())
         _check_layout(n, block_n, out, n * groups * 16)
-        self._half_split(qs.data_ptr(), qs.stride(0), qs.stride(1), n // block_n, groups, block_n, out.data_ptr())
+        self._half_split(qs.data_ptr(), order, qs.stride(0), qs.stride(1), n // block_n, groups, block_n,
+                         out.data_ptr())
 
     def int8_planes(self, codes: torch.Tensor, block_n: int, out: torch.Tensor) -> None:
         """Int8 codes ``[N, G, 32]`` (their bytes; ``N`` a multiple of ``block_n``) as the high plane's bytes,
@@ -87,14 +92,18 @@ class NativeRepack:
         self._planes(codes.data_ptr(), codes.stride(0), codes.stride(1), n // block_n, groups, block_n,
                      out.data_ptr())
 
-    def q4_scales_bf16(self, blocks: torch.Tensor, has_min: bool, out: torch.Tensor, row_offset: int) -> None:
+    def q4_scales_bf16(self, blocks: torch.Tensor, has_min: bool, out: torch.Tensor, row_offset: int,
+                       rows: torch.Tensor | None = None) -> None:
         """Rows ``row_offset:`` of bfloat16 scales and zeros ``out`` ``[G, rows, 2]`` from 4-bit blocks
         ``[N, G, size]`` (uint8) led by float16 ``d`` (and ``m`` when ``has_min``): ``s = d``, ``z = m + 8 d``
-        in float32 rounded once (``z = 0`` without a minimum)."""
+        in float32 rounded once (``z = 0`` without a minimum). With ``rows`` (int64 row indices into
+        ``blocks``) the rows written are ``blocks[rows]``'s."""
         if blocks.dtype != torch.uint8 or blocks.dim() != 3 or blocks.device.type != "cpu":
             raise ValueError(f"4-bit blocks must be uint8 [rows, groups, size] on the CPU, not {blocks.dtype} "
                              f"{tuple(blocks.shape)} on {blocks.device}")
-        n, groups, size = (int(s) for s in blocks.shape)
+        stored, groups, size = (int(s) for s in blocks.shape)
+        order = _row_order(rows, stored)
+        n = stored if rows is None else int(rows.numel())
         if size < (4 if has_min else 2) or blocks.stride(2) != 1:
             raise ValueError(f"blocks {tuple(blocks.shape)} (strides {blocks.stride()}) do not lead with "
                              f"contiguous float16 fields")
@@ -102,8 +111,20 @@ class NativeRepack:
                 or out.shape[2] != 2 or not 0 <= row_offset <= out.shape[1] - n):
             raise ValueError(f"scales and zeros {out.dtype} {tuple(out.shape)} cannot take {n} rows of "
                              f"{groups} groups at row {row_offset}")
-        self._q4_scales(blocks.data_ptr(), blocks.stride(0), blocks.stride(1), n, groups, int(has_min),
+        self._q4_scales(blocks.data_ptr(), order, blocks.stride(0), blocks.stride(1), n, groups, int(has_min),
                         out.data_ptr(), int(out.shape[1]), row_offset)
+
+
+def _row_order(rows: torch.Tensor | None, stored: int) -> int | None:
+    """The address of ``rows`` for the C (``None``: in order), after checking every index lies in ``stored``."""
+    if rows is None:
+        return None
+    if rows.dtype != torch.int64 or rows.dim() != 1 or not rows.is_contiguous() or rows.device.type != "cpu":
+        raise ValueError(f"a row order must be contiguous int64 [rows] on the CPU, not {rows.dtype} "
+                         f"{tuple(rows.shape)} on {rows.device}")
+    if rows.numel() and not (int(rows.min()) >= 0 and int(rows.max()) < stored):
+        raise ValueError(f"a row order indexes rows {int(rows.min())}..{int(rows.max())} of {stored} stored rows")
+    return int(rows.data_ptr())
 
 
 def _rows_of(codes: torch.Tensor, width: int) -> tuple[int, int]:

@@ -701,12 +701,13 @@ class GGUFLinearMethod(LinearMethodBase):
         if all(p.stored_type in _HALF_SPLIT_NAMES for p in parts):
             split = [half_split_rows(p) for p in parts]
             groups = int(split[0].qs.shape[1])
-            scales_and_zeros = torch.empty(groups, sum(int(h.qs.shape[0]) for h in split), 2, dtype=dtype)
+            scales_and_zeros = torch.empty(groups, sum(h.rows for h in split), 2, dtype=dtype)
             start = 0
             for h in split:  # each part's fields straight into the layer's scales, in the kernel's dtype
                 h.scales_and_zeros_into(scales_and_zeros, start)
-                start += int(h.qs.shape[0])
-            return pack_int4_half_split_parts([h.qs for h in split], scales_and_zeros)
+                start += h.rows
+            # rows in llama.cpp's q/k order are read where they lie, not copied out first
+            return pack_int4_half_split_parts([h.qs for h in split], scales_and_zeros, [h.order for h in split])
         decoded = [affine_rows(p) for p in parts]
         codes = torch.cat([d.codes for d in decoded])
         scales = torch.cat([d.scales for d in decoded], dim=1)

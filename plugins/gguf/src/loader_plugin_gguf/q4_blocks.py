@@ -65,22 +65,32 @@ class AffineRows:
 class HalfSplitRows:
     """One Q4_0/Q4_1 part still two codes per byte, for :func:`loader.layers.pack_int4_half_split_parts`.
 
-    :ivar blocks: uint8 ``[rows, cols / 32, size]``, the part's whole blocks as read (a view, not a copy).
+    :ivar blocks: uint8 ``[stored rows, cols / 32, size]``, the part's whole blocks as read (a view, not a copy).
     :ivar field_count: float16 fields leading each block: 1 (Q4_0: ``d``) or 2 (Q4_1: ``d, m``).
+    :ivar order: int64 indices of ``blocks``' rows in the part's order, or ``None`` when they are in order
+        (llama.cpp interleaves each head's q/k rows; the compiled helpers read them in place).
     """
 
     blocks: torch.Tensor
     field_count: int
+    order: torch.Tensor | None = None
+
+    @property
+    def rows(self) -> int:
+        """The part's rows."""
+        return int(self.blocks.shape[0]) if self.order is None else int(self.order.numel())
 
     @property
     def qs(self) -> torch.Tensor:
-        """The codes, uint8 ``[rows, cols / 32, 16]``: a view past each block's fields."""
+        """The codes of the stored rows, uint8 ``[stored rows, cols / 32, 16]``: a view past each block's
+        fields (the part's rows are ``qs[order]``)."""
         return self.blocks[:, :, 2 * self.field_count:]
 
     @property
     def fields(self) -> torch.Tensor:
-        """The blocks' float16 fields, group-major ``[cols / 32, rows, field_count]`` (torch's scale order)."""
-        return _group_major_fields(self.blocks, self.field_count)
+        """The part's float16 fields, group-major ``[cols / 32, rows, field_count]`` (torch's scale order)."""
+        blocks = self.blocks if self.order is None else self.blocks.index_select(0, self.order)
+        return _group_major_fields(blocks, self.field_count)
 
     def scales_and_zeros_into(self, out: torch.Tensor, row_offset: int = 0) -> None:
         """Write rows ``row_offset:`` of torch's ``[cols / 32, rows, 2]`` scales and zeros (``w = (q - 8) s + z``).
@@ -90,10 +100,10 @@ class HalfSplitRows:
         bfloat16 ``out`` is written straight from the blocks by the compiled
         helpers when this machine has them (the same values, one pass).
         """
-        rows = int(self.blocks.shape[0])
+        rows = self.rows
         native = native_repack() if out.dtype == torch.bfloat16 and out.is_contiguous() else None
         if native is not None and self.blocks.stride(-1) == 1:
-            native.q4_scales_bf16(self.blocks, self.field_count == 2, out, row_offset)
+            native.q4_scales_bf16(self.blocks, self.field_count == 2, out, row_offset, self.order)
             return
         out = out[:, row_offset:row_offset + rows]
         fields = self.fields
@@ -191,18 +201,25 @@ def packing_reason(tensor: CheckpointTensor) -> str | None:
 
 def _read_blocks(tensor: CheckpointTensor) -> tuple[GGUFTensor, torch.Tensor, int]:
     """The window, the whole blocks of its rows (in the part's row order) and the values before its columns."""
+    window, raw, skip, order = _blocks_and_order(tensor)
+    return window, (raw if order is None else raw.index_select(0, order)), skip
+
+
+def _blocks_and_order(tensor: CheckpointTensor) -> tuple[GGUFTensor, torch.Tensor, int, torch.Tensor | None]:
+    """:func:`_read_blocks` with the rows left where they are stored: the blocks spanning the part's rows, and
+    the indices of its rows among them in the part's order (``None``: in order)."""
     found = _gguf_window(tensor)
     if isinstance(found, str) or packing_reason(tensor) is not None:
         raise ValueError(f"{tensor.describe()}: cannot be packed ({packing_reason(tensor)})")
     window, perm = found
+    order = None
     if perm is not None and perm.numel():
         lo, hi = int(perm.min()), int(perm.max())
         window = window.narrow(0, lo, hi - lo + 1)
+        order = (perm - lo).contiguous()
     raw, skip = window.enclosing_blocks()
-    if perm is not None and perm.numel():
-        raw = raw.index_select(0, perm - int(perm.min()))
-    window.stats.add(raw.numel(), tensors=1)
-    return window, raw, skip
+    window.stats.add(raw.numel() if order is None else order.numel() * raw.shape[1], tensors=1)
+    return window, raw, skip, order
 
 
 @attrs.frozen(eq=False)
@@ -235,14 +252,14 @@ def half_split_rows(tensor: CheckpointTensor) -> HalfSplitRows:
     code (:func:`loader.layers.pack_int4_half_split`); the weight is the one
     :func:`affine_rows` describes.
     """
-    window, raw, _ = _read_blocks(tensor)
+    window, raw, _, order = _blocks_and_order(tensor)
     ggml_type = window.info.ggml_type
     if ggml_type not in HALF_SPLIT_TYPES:
         raise ValueError(f"ggml type {Q(ggml_type).name} is not one of {[t.name for t in HALF_SPLIT_TYPES]}")
     _, size = block_shape(ggml_type)
     rows = raw.shape[0]
     blocks = raw.contiguous().view(rows, -1, size)
-    return HalfSplitRows(blocks, 1 if ggml_type == Q.Q4_0 else 2)
+    return HalfSplitRows(blocks, 1 if ggml_type == Q.Q4_0 else 2, order)
 
 
 def affine_rows(tensor: CheckpointTensor) -> AffineRows:
