@@ -6,6 +6,9 @@ of ``--reps``), for SmolLM2-135M-Instruct Q4_1 (``scripts/fetch_smollm2.py``) an
 
 - ``packed``: ``load_model(quantization="gguf", dtype="float32")`` — Q4 blocks repacked for torch's int4
   kernel, the rest float32 (what issue 17's first slice measured; the kernel computes in bfloat16);
+- ``packed-nocache``: the same with ``format_options={"packed_cache": False}``: every load packs again
+  (without it the first load of a file writes its packed-weights bundle and the later ones map it; the
+  children's ``LOADER_CACHE_DIR`` is ``benchmarks/out/cache``, whose bundles are removed before each file);
 - ``packed-bf16``: the same with ``dtype="bfloat16"`` (activations bfloat16 throughout, no casts);
 - ``dequant-f32`` / ``dequant-bf16``: ``load_model(dtype="float32")`` and ``load_model(dtype="bfloat16",
   format_options={"dequantize": True})``, every block dequantized at load (a bfloat16 load of a GGUF file
@@ -37,6 +40,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -49,6 +53,8 @@ OUT = REPO / "benchmarks" / "out"
 QUESTION = "What is the capital of France?"
 LOADER_PATHS: dict[str, dict[str, Any]] = {
     "packed": {"quantization": "gguf", "dtype": "float32"},
+    # every load packs again: the packed-weights bundle neither read nor written
+    "packed-nocache": {"quantization": "gguf", "dtype": "float32", "format_options": {"packed_cache": False}},
     "packed-bf16": {"quantization": "gguf", "dtype": "bfloat16"},
     "dequant-f32": {"dtype": "float32"},
     # since GGUF stays packed for dtype auto/bfloat16, the dequantized bfloat16 model needs the option by name
@@ -125,8 +131,13 @@ print(json.dumps({"load_s": load_s, "rss_added": added, "rss_after_decode": rss(
 """
 
 
+CACHE = OUT / "cache"
+"""The loader children's ``LOADER_CACHE_DIR``: its packed-weights bundles are removed before each file's run, so
+the first ``packed`` load packs and writes the bundle and the later ones map it."""
+
+
 def _child(command: list[str], what: str) -> dict[str, Any]:
-    env = {**os.environ, "TQDM_DISABLE": "1"}
+    env = {**os.environ, "TQDM_DISABLE": "1", "LOADER_CACHE_DIR": str(CACHE)}
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, check=False, timeout=1800)
     if done.returncode != 0:
         raise RuntimeError(f"{what} failed (exit {done.returncode}): {done.stderr[-3000:]}")
@@ -156,6 +167,7 @@ def bench_file(label: str, path: Path, names: list[str], prompt_ids: list[int], 
                llamacpp: Path | None, decode: Any) -> dict[str, Any]:
     """Every path on one file, ``args.reps`` rounds in alternating order; prints and returns the medians."""
     path.read_bytes()  # warm the page cache: every path then reads from memory
+    shutil.rmtree(CACHE / "gguf-packed", ignore_errors=True)  # the first packed load writes the bundle
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for rep in range(args.reps):
         for name in (names if rep % 2 == 0 else list(reversed(names))):
@@ -177,6 +189,13 @@ def bench_file(label: str, path: Path, names: list[str], prompt_ids: list[int], 
               f"| {row['rss_after_decode'] / 1e6:.0f} MB | {row['rss_added'] / size:.2f}x "
               f"| {row['peak_rss'] / 1e6:.0f} MB | {row['prefill_s']:.3f} | {row['decode_tok_s']:.1f} "
               f"| {decode_ratio} | {text!r} |")
+    for name in ("packed", "packed-bf16"):
+        if len(runs.get(name, ())) > 1:
+            later = statistics.median(r["load_s"] for r in runs[name][1:])
+            first = runs[name][0]["load_s"]
+            base = f" (÷ llama.cpp {later / base_load:.2f}x)" if base_load else ""
+            print(f"\n{name}: first load {first:.3f} s (packs, writes the bundle), later loads {later:.3f} s{base} "
+                  "(median; the bundle mapped)")
     sys.stdout.flush()
     return {"file": str(path), "bytes": size, "runs": runs, "median": table}
 

@@ -1,6 +1,6 @@
-"""Suite-wide settings: the capability cache lives in a temp folder, never the user's cache; a wheel env
-(``LOADER_TESTS_FROM_WHEELS=1``, set by tox) refuses to run while loader or a plugin would come from
-anywhere but its installed wheel."""
+"""Suite-wide settings: the caches live in a temp folder, never the user's (GGUF's packed-weights bundle
+off); a wheel env (``LOADER_TESTS_FROM_WHEELS=1``, set by tox) refuses to run while loader or a plugin would
+come from anywhere but its installed wheel."""
 
 from __future__ import annotations
 
@@ -34,16 +34,21 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_loader_cache() -> Iterator[None]:
-    previous = os.environ.get("LOADER_CACHE_DIR")
+    """Every cache in a temp folder; GGUF's packed-weights bundle off, so that every packing test packs (a
+    second load of a file would otherwise map what the first packed: tests/plugins/gguf/test_packed_cache.py
+    turns it on)."""
+    previous = {name: os.environ.get(name) for name in ("LOADER_CACHE_DIR", "LOADER_GGUF_PACKED_CACHE")}
     with tempfile.TemporaryDirectory(prefix="loader-test-cache-") as folder:
         os.environ["LOADER_CACHE_DIR"] = folder
+        os.environ["LOADER_GGUF_PACKED_CACHE"] = "0"
         try:
             yield
         finally:
-            if previous is None:
-                os.environ.pop("LOADER_CACHE_DIR", None)
-            else:
-                os.environ["LOADER_CACHE_DIR"] = previous
+            for name, value in previous.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 @pytest.fixture

@@ -5,16 +5,20 @@
 - positioned exact reads: :func:`pread_exactly`;
 - the error a file shorter than its header promised raises: :func:`truncated_error`;
 - where an array of length-prefixed records ends (GGUF string arrays), in compiled C
-  when a compiler is at hand: :func:`u64_prefixed_end`.
+  when a compiler is at hand: :func:`u64_prefixed_end`;
+- the folder every on-disk cache of loader lives under (``$LOADER_CACHE_DIR``, else the
+  user cache folder), for a plugin's own cache in a subfolder: :func:`cache_root`.
 """
 
 from __future__ import annotations
 
+from ._cache_root import cache_root
 from ._file_reads import pread_exactly, truncated_error
 from ._io_pool import io_pool, io_threads, run_in_pool
 from ._length_prefixed import u64_prefixed_end
 
 __all__ = [
+    "cache_root",
     "io_pool",
     "io_threads",
     "pread_exactly",

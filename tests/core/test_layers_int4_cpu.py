@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 import torch
@@ -186,3 +187,23 @@ def test_row_orders_must_match_the_parts():
     q = torch.zeros(32, 2, 16, dtype=torch.uint8)
     with pytest.raises(ValueError, match="1 row orders for 2 half-split parts"):
         pack_int4_half_split_parts([q, q], torch.zeros(2, 64, 2), [None])
+
+
+def test_the_packed_layout_fingerprint_changes_with_torch_the_layout_or_the_code(monkeypatch, tmp_path):
+    from loader.layers import int4_cpu, packed_layout_fingerprint
+
+    fingerprint = packed_layout_fingerprint()
+    assert len(fingerprint) == 64 and fingerprint == int4_cpu.packed_layout_fingerprint.__wrapped__()
+    monkeypatch.setattr(torch, "__version__", "9.9.9")
+    assert int4_cpu.packed_layout_fingerprint.__wrapped__() != fingerprint
+    monkeypatch.undo()
+    other = 32 if int4_cpu.torch_int4_block_n() != 32 else 64
+    monkeypatch.setattr(int4_cpu, "torch_int4_block_n", lambda: other)
+    assert int4_cpu.packed_layout_fingerprint.__wrapped__() != fingerprint
+    monkeypatch.undo()
+    # an edited packer: the same module files read from a copy with one byte changed
+    for name in ("int4_cpu.py", "int8_cpu.py", "native_packing.py", "native_packing.c"):
+        (tmp_path / name).write_bytes((Path(int4_cpu.__file__).parent / name).read_bytes())
+    (tmp_path / "native_packing.c").write_bytes((tmp_path / "native_packing.c").read_bytes() + b"\n")
+    monkeypatch.setattr(int4_cpu, "__file__", str(tmp_path / "int4_cpu.py"))
+    assert int4_cpu.packed_layout_fingerprint.__wrapped__() != fingerprint

@@ -98,7 +98,7 @@ def _add_load_args(p: argparse.ArgumentParser, source_text: str) -> None:
                         "bitsandbytes, or a quantization plugin's method")
     p.add_argument("--format-option", dest="format_options", action="append", default=[], metavar="KEY=VALUE",
                    help="an option for the format plugin (repeatable), e.g. concurrency=16 for runai_streamer; "
-                        "dequantize=true or kernel_dtype=float32 for gguf")
+                        "dequantize=true, kernel_dtype=float32 or packed_cache=false for gguf")
     _add_model_impl(p)
     _add_json(p)
 

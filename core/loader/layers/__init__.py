@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         pack_int4,
         pack_int4_half_split,
         pack_int4_half_split_parts,
+        packed_layout_fingerprint,
     )
     from .int8_cpu import Int8GroupedWeight, int8_grouped_unsupported_reason, pack_int8_grouped
     from .layernorm import RMSNorm
@@ -88,6 +89,7 @@ __all__ = [
     "pack_int4_half_split",
     "pack_int4_half_split_parts",
     "pack_int8_grouped",
+    "packed_layout_fingerprint",
     "param_shape",
     "set_param_layout",
     "weight_loader_of",
@@ -105,6 +107,7 @@ _HOME = {
     "pack_int4": "int4_cpu",
     "pack_int4_half_split": "int4_cpu",
     "pack_int4_half_split_parts": "int4_cpu",
+    "packed_layout_fingerprint": "int4_cpu",
     "Int8GroupedWeight": "int8_cpu",
     "int8_grouped_unsupported_reason": "int8_cpu",
     "pack_int8_grouped": "int8_cpu",

@@ -31,7 +31,8 @@ import torch
 from .native_packing import native_repack
 
 __all__ = ["KERNEL_GROUP_SIZES", "Int4CpuWeight", "int4_unsupported_reason", "pack_codes_bytes", "pack_int4",
-           "pack_int4_half_split", "pack_int4_half_split_parts", "torch_int4_block_n", "unpack_int4_rows"]
+           "pack_int4_half_split", "pack_int4_half_split_parts", "packed_layout_fingerprint", "torch_int4_block_n",
+           "unpack_int4_rows"]
 
 KERNEL_GROUP_SIZES = (32, 64, 128, 256)
 _N_MULTIPLE = 16
@@ -379,3 +380,25 @@ def torch_int4_block_n() -> int | None:
     if expected.dtype != torch.uint8 or expected.shape != (rows, 32):
         return None
     return next((b for b in _BLOCK_NS if torch.equal(expected, pack_codes_bytes(probe, b))), None)
+
+
+@functools.cache
+def packed_layout_fingerprint() -> str:
+    """A digest of everything that decides the bytes this core's packers write for a given input: torch's
+    version, its int4 row block (:func:`torch_int4_block_n`), the CPU capability torch dispatches to, and the
+    packing code itself (this module, :mod:`.int8_cpu`, and :mod:`.native_packing` with its C source).
+
+    Why: a plugin that keeps packed weights on disk between loads (GGUF's packed-weights bundle) keys them by
+    it, so another torch, another CPU or an edited packer makes a miss instead of loading bytes laid out for
+    something else. Computed once a process (~1 ms: the sources are read and hashed).
+    """
+    import hashlib
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for name in ("int4_cpu.py", "int8_cpu.py", "native_packing.py", "native_packing.c"):
+        digest.update(name.encode() + b"\0" + (here / name).read_bytes())
+    for part in (torch.__version__, str(torch_int4_block_n()), torch.backends.cpu.get_cpu_capability()):
+        digest.update(b"\0" + part.encode())
+    return digest.hexdigest()

@@ -17,6 +17,7 @@ def test_plugin_is_loaded_with_its_hooks():
         "loader_detect_quantization",
         "loader_iter_weights",
         "loader_load_tokenizer",
+        "loader_process_weights_after_loading",
         "loader_read_config",
     )
 

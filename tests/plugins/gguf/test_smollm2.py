@@ -155,3 +155,24 @@ def test_inspect_layers_plans_every_layer_from_the_header_as_the_default_load_re
     text = run_cli("inspect", str(smollm2), "--layers")
     assert "kernels on cpu (planned from shapes; no weights read): int4 120, int4x2 1" in text.stdout
     assert "decided at load" not in text.stdout
+
+
+def test_a_second_default_load_maps_the_packed_bundle_and_computes_the_same_logits(loaded, smollm2, tmp_path,
+                                                                                   monkeypatch):
+    """The packed-weights bundle on (the suite turns it off): the first load packs and writes it, the second maps
+    it — every layer found, the logits bit-equal to a load that packed, and still "Paris"."""
+    import loader
+    from loader._generation import encode_prompt, generate_greedy
+
+    _, bundle = loaded
+    monkeypatch.setenv("LOADER_GGUF_PACKED_CACHE", "1")
+    monkeypatch.setenv("LOADER_CACHE_DIR", str(tmp_path))
+    packed, first = loader.load_model_with_report(str(smollm2))
+    assert first.quantization["packed_cache"]["written"] and first.quantization["packed_cache"]["misses"] == 121
+    mapped, second = loader.load_model_with_report(str(smollm2))
+    assert second.quantization["packed_cache"]["hits"] == 121 and second.quantization["packed_cache"]["misses"] == 0
+    assert second.quantization["packed_bytes"] == first.quantization["packed_bytes"]
+    ids = torch.tensor([encode_prompt(bundle, QUESTION, chat=True)])
+    with torch.no_grad():
+        assert torch.equal(mapped(ids), packed(ids))
+    assert "Paris" in generate_greedy(mapped, bundle, QUESTION, max_new_tokens=20, chat=True).text

@@ -201,15 +201,8 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
             dense[:real].copy_(window.read(state.params_dtype))
             layer.register_parameter("weight", torch.nn.Parameter(dense, requires_grad=False))
             state.choice = LayerChoice(kernel, types, 0, reason, dtype_name(state.params_dtype))
-        elif kernel == "int8":
-            state.choice = LayerChoice(kernel, types, self._keep_int8(layer, state, window))
-        elif kernel == "int4x2":
-            state.choice = LayerChoice(kernel, types, self._keep_int4x2(layer, state, window))
         else:
-            size = self._keep_blocks(layer, state, window)
-            if kernel == "blocks+int4":
-                size += self._pack_head(layer, state, window)
-            state.choice = LayerChoice(kernel, types, size)
+            state.choice = LayerChoice(kernel, types, self._keep(layer, state, window, kernel))
         state.part = None
         self.config.layer_log[state.prefix] = state.choice
 
@@ -258,75 +251,17 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         finally:
             state.part = None
 
-    @staticmethod
-    def _keep_int8(layer: nn.Module, state: GGUFEmbeddingState, window: GGUFTensor) -> int:
-        """Int8 codes ``[groups, rows, block]`` and float32 scales ``[groups, rows]`` (:data:`INT8_BLOCKS`)."""
-        raw, _ = window.enclosing_blocks()
-        window.stats.add(raw.numel(), tensors=1)
-        ggml_type = Q(window.info.ggml_type)
-        block = INT8_BLOCKS[ggml_type]
-        groups, real = state.cols // block, raw.shape[0]
-        # written once each: the file's rows copied in, only the padding rows zeroed
-        codes = torch.empty(groups, state.rows, block, dtype=torch.int8)
-        scales = torch.empty(groups, state.rows, dtype=torch.float32)
-        if ggml_type == Q.Q8_0:
-            _, size = block_shape(Q.Q8_0)
-            blocks = raw.reshape(real, groups, size)
-            codes[:, :real].copy_(blocks[:, :, 2:].transpose(0, 1).view(torch.int8))
-            scales[:, :real].copy_(half_at(blocks.reshape(-1, size), 0).view(real, groups).t())
-        else:
-            _, size = block_shape(ggml_type)
-            super_codes, super_scales = q6_k_codes(raw.contiguous().view(-1, size))
-            codes[:, :real].copy_(super_codes.view(real, groups, block).transpose(0, 1))
-            scales[:, :real].copy_(super_scales.view(real, groups).t())
-        codes[:, real:].zero_()
-        scales[:, real:].zero_()
-        layer.register_buffer("q8_codes", codes)
-        layer.register_buffer("q8_scales", scales)
-        size = codes.numel() + scales.numel() * scales.element_size()
-        if state.tied and state.kernel_dtype != scales.dtype:
-            head_scales = scales.to(state.kernel_dtype)
-            layer.register_buffer("q8_head_scales", head_scales)
-            size += head_scales.numel() * head_scales.element_size()
-        return size
+    def _keep(self, layer: nn.Module, state: GGUFEmbeddingState, window: GGUFTensor, kernel: str) -> int:
+        """Register what ``kernel`` keeps (from the packed-weights bundle when an earlier load wrote it); its bytes."""
+        from .packed_cache import unit_key
 
-    @staticmethod
-    def _keep_int4x2(layer: nn.Module, state: GGUFEmbeddingState, window: GGUFTensor) -> int:
-        """Q8_0 codes as the head's two int4 planes (rows read back from them), float32 scales ``[groups, rows]``."""
-        decoded = int8_rows(window)  # codes: a view of the file's blocks, the planes are built straight from it
-        codes, scales = decoded.codes, decoded.scales
-        real = int(codes.shape[0])
-        if real < state.rows:  # this rank's share of the padded vocabulary: zero codes and scales below
-            codes = torch.nn.functional.pad(codes, (0, 0, 0, 0, 0, state.rows - real))
-            scales = torch.nn.functional.pad(scales, (0, state.rows - real))
-        weight = pack_int8_grouped(codes, scales, state.kernel_dtype)
-        layer.register_buffer("q8_scales", scales)
-        layer.register_buffer("q8_planes", weight.planes.data)
-        layer.register_buffer("q8_planes_scales_and_zeros", weight.planes.scales_and_zeros)
-        sz = weight.planes.scales_and_zeros
-        return weight.planes.data.numel() + scales.numel() * scales.element_size() + sz.numel() * sz.element_size()
-
-    @staticmethod
-    def _keep_blocks(layer: nn.Module, state: GGUFEmbeddingState, window: GGUFTensor) -> int:
-        raw, _ = window.enclosing_blocks()
-        window.stats.add(raw.numel(), tensors=1)
-        blocks = torch.zeros(state.rows, raw.shape[1], dtype=torch.uint8)  # zero bytes dequantize to 0.0
-        blocks[: raw.shape[0]].copy_(raw)
-        layer.register_buffer("blocks", blocks)
-        return blocks.numel()
-
-    @staticmethod
-    def _pack_head(layer: nn.Module, state: GGUFEmbeddingState, window: GGUFTensor) -> int:
-        decoded = affine_rows(window)
-        pad = state.rows - decoded.codes.shape[0]
-        codes = torch.nn.functional.pad(decoded.codes, (0, 0, 0, pad))
-        scales = torch.nn.functional.pad(decoded.scales, (0, pad))
-        biases = torch.nn.functional.pad(decoded.biases, (0, pad))
-        packed = pack_int4(codes, scales, biases, GROUP_SIZE, state.kernel_dtype)
-        layer.register_buffer("packed_weight", packed.data)
-        layer.register_buffer("packed_scales_and_zeros", packed.scales_and_zeros)
-        sz = packed.scales_and_zeros
-        return packed.data.numel() + sz.numel() * sz.element_size()
+        key = unit_key(f"embedding:{kernel}", state.kernel_dtype, [window], rows=state.rows, tied=state.tied)
+        buffers = self.config.cached_unit(key, functools.partial(_BUILDERS[kernel], state, window),
+                                          _expected_buffers(state, window, kernel))
+        assert buffers is not None
+        for name, tensor in buffers.items():
+            layer.register_buffer(name, tensor)
+        return sum(tensor.numel() * tensor.element_size() for tensor in buffers.values())
 
     def _state(self, layer: nn.Module) -> GGUFEmbeddingState:
         state = self.layer_state(layer, GGUFEmbeddingState)
@@ -472,3 +407,93 @@ class GGUFHeadMethod(LinearMethodBase):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return self._embedding.apply(layer, x, bias)
+
+
+def _int8_buffers(state: GGUFEmbeddingState, window: GGUFTensor) -> dict[str, torch.Tensor]:
+    """Int8 codes ``[groups, rows, block]`` and float32 scales ``[groups, rows]`` (:data:`INT8_BLOCKS`), and a
+    tied head's scales in the kernel dtype."""
+    raw, _ = window.enclosing_blocks()
+    window.stats.add(raw.numel(), tensors=1)
+    ggml_type = Q(window.info.ggml_type)
+    block = INT8_BLOCKS[ggml_type]
+    groups, real = state.cols // block, raw.shape[0]
+    # written once each: the file's rows copied in, only the padding rows zeroed
+    codes = torch.empty(groups, state.rows, block, dtype=torch.int8)
+    scales = torch.empty(groups, state.rows, dtype=torch.float32)
+    if ggml_type == Q.Q8_0:
+        _, size = block_shape(Q.Q8_0)
+        blocks = raw.reshape(real, groups, size)
+        codes[:, :real].copy_(blocks[:, :, 2:].transpose(0, 1).view(torch.int8))
+        scales[:, :real].copy_(half_at(blocks.reshape(-1, size), 0).view(real, groups).t())
+    else:
+        _, size = block_shape(ggml_type)
+        super_codes, super_scales = q6_k_codes(raw.contiguous().view(-1, size))
+        codes[:, :real].copy_(super_codes.view(real, groups, block).transpose(0, 1))
+        scales[:, :real].copy_(super_scales.view(real, groups).t())
+    codes[:, real:].zero_()
+    scales[:, real:].zero_()
+    buffers = {"q8_codes": codes, "q8_scales": scales}
+    if state.tied and state.kernel_dtype != scales.dtype:
+        buffers["q8_head_scales"] = scales.to(state.kernel_dtype)
+    return buffers
+
+
+def _int4x2_buffers(state: GGUFEmbeddingState, window: GGUFTensor) -> dict[str, torch.Tensor]:
+    """Q8_0 codes as the head's two int4 planes (rows read back from them), float32 scales ``[groups, rows]``."""
+    decoded = int8_rows(window)  # codes: a view of the file's blocks, the planes are built straight from it
+    codes, scales = decoded.codes, decoded.scales
+    real = int(codes.shape[0])
+    if real < state.rows:  # this rank's share of the padded vocabulary: zero codes and scales below
+        codes = torch.nn.functional.pad(codes, (0, 0, 0, 0, 0, state.rows - real))
+        scales = torch.nn.functional.pad(scales, (0, state.rows - real))
+    weight = pack_int8_grouped(codes, scales, state.kernel_dtype)
+    return {"q8_scales": scales, "q8_planes": weight.planes.data,
+            "q8_planes_scales_and_zeros": weight.planes.scales_and_zeros}
+
+
+def _blocks_buffers(state: GGUFEmbeddingState, window: GGUFTensor) -> dict[str, torch.Tensor]:
+    """The rows' raw blocks, the padding rows zero (zero bytes dequantize to 0.0)."""
+    raw, _ = window.enclosing_blocks()
+    window.stats.add(raw.numel(), tensors=1)
+    blocks = torch.zeros(state.rows, raw.shape[1], dtype=torch.uint8)
+    blocks[: raw.shape[0]].copy_(raw)
+    return {"blocks": blocks}
+
+
+def _blocks_and_head_buffers(state: GGUFEmbeddingState, window: GGUFTensor) -> dict[str, torch.Tensor]:
+    """The raw blocks, and the tied head's packed int4 weight built from the same blocks."""
+    decoded = affine_rows(window)
+    pad = state.rows - decoded.codes.shape[0]
+    codes = torch.nn.functional.pad(decoded.codes, (0, 0, 0, pad))
+    scales = torch.nn.functional.pad(decoded.scales, (0, pad))
+    biases = torch.nn.functional.pad(decoded.biases, (0, pad))
+    packed = pack_int4(codes, scales, biases, GROUP_SIZE, state.kernel_dtype)
+    return {**_blocks_buffers(state, window), "packed_weight": packed.data,
+            "packed_scales_and_zeros": packed.scales_and_zeros}
+
+
+_BUILDERS = {"int8": _int8_buffers, "int4x2": _int4x2_buffers, "blocks": _blocks_buffers,
+             "blocks+int4": _blocks_and_head_buffers}
+
+
+def _expected_buffers(state: GGUFEmbeddingState, window: GGUFTensor,
+                      kernel: str) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """What each of ``kernel``'s buffers must be (dtype, shape) for this rank's table: a stored unit is checked
+    against it."""
+    rows, cols, dtype = state.rows, state.cols, state.kernel_dtype
+    if kernel == "int4x2":
+        groups = cols // INT8_BLOCKS[Q.Q8_0]
+        return {"q8_scales": (torch.float32, (groups, rows)), "q8_planes": (torch.uint8, (2 * rows, cols // 2)),
+                "q8_planes_scales_and_zeros": (dtype, (cols // GROUP_SIZE, 2 * rows, 2))}
+    if kernel == "int8":
+        block = INT8_BLOCKS[Q(window.info.ggml_type)]
+        expected = {"q8_codes": (torch.int8, (cols // block, rows, block)),
+                    "q8_scales": (torch.float32, (cols // block, rows))}
+        if state.tied and dtype != torch.float32:
+            expected["q8_head_scales"] = (dtype, (cols // block, rows))
+        return expected
+    expected = {"blocks": (torch.uint8, (rows, window.nbytes // max(window.shape[0], 1)))}
+    if kernel == "blocks+int4":
+        expected["packed_weight"] = (torch.uint8, (rows, cols // 2))
+        expected["packed_scales_and_zeros"] = (dtype, (cols // GROUP_SIZE, rows, 2))
+    return expected

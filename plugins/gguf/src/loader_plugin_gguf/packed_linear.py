@@ -34,6 +34,10 @@ Every reason is decided from block types and shapes before a block is read,
 so ``loader inspect --layers`` plans each layer from the header alone
 (:meth:`GGUFLinearMethod.layer_plan`, :mod:`.layer_plan`).
 
+What a packing call makes is kept on disk between loads (:mod:`.packed_cache`,
+:meth:`GGUFQuantConfig.cached_unit`): a later load of the same file maps the
+bytes the first one packed instead of packing them into fresh memory again.
+
 The kernel computes in bfloat16 (float16 when the load dtype is float16): in
 float32 it is ten to a hundred times slower (``format_options={"kernel_dtype":
 "float32"}`` asks for it). :meth:`GGUFLinearMethod.apply` casts the
@@ -64,6 +68,7 @@ with ``d`` rounded to bfloat16 (``tests/plugins/gguf/test_packed.py``).
 from __future__ import annotations
 
 import functools
+import threading
 from typing import TYPE_CHECKING, Any, cast
 
 import attrs
@@ -105,12 +110,14 @@ from .q4_blocks import (
 from .tensors import GGUFTensor
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from torch import nn
 
     from loader.checkpoint import LoadOptions
     from loader.layers import NarrowedPart, QuantizeMethodBase
+
+    from .packed_cache import PackedCache
 
 __all__ = ["METHOD_NAME", "GGUFLayerState", "GGUFLinearMethod", "GGUFQuantConfig", "LayerChoice", "LayerSegment",
            "RankSplit",
@@ -205,8 +212,52 @@ class GGUFQuantConfig(QuantizationConfig):
     layer_log: dict[str, LayerChoice] = attrs.field(factory=dict, eq=False)
     files: tuple[str, ...] = attrs.field(default=(), eq=False)
     """The load's GGUF files, whose headers ``layer_plan`` plans from (empty: layers are decided at load)."""
+    use_packed_cache: bool = attrs.field(default=False, eq=False)
+    """Whether packed layers are looked up in (and written to) the on-disk bundle for :attr:`files`
+    (:mod:`~loader_plugin_gguf.packed_cache`)."""
     _header_tensors: dict[str, CheckpointTensor] | None = attrs.field(default=None, init=False, eq=False,
                                                                       repr=False)
+    _packed_cache: PackedCache | None = attrs.field(default=None, init=False, eq=False, repr=False)
+    _cache_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, eq=False, repr=False)
+
+    def packed_cache(self) -> PackedCache | None:
+        """This load's :class:`~loader_plugin_gguf.packed_cache.PackedCache` (made on first use, in the load's
+        session: the bundle is per tensor parallel rank and size), ``None`` when it is off or the files unknown."""
+        if not self.use_packed_cache or not self.files:
+            return None
+        with self._cache_lock:
+            if self._packed_cache is None:
+                from loader.models import current_session
+
+                from .packed_cache import PackedCache, cache_folder
+
+                session = current_session()
+                variant = {"tp_rank": session.tp_rank, "tp_size": session.tp_size,
+                           "kernel_dtype": None if self.kernel_dtype is None else dtype_name(self.kernel_dtype),
+                           "dense_dtype": None if self.dense_dtype is None else dtype_name(self.dense_dtype)}
+                self._packed_cache = PackedCache(cache_folder(), self.files, variant)
+            return self._packed_cache
+
+    def finish_packed_cache(self) -> None:
+        """After every layer is processed: write the bundle when this load packed a unit it did not find."""
+        if self._packed_cache is not None:
+            self._packed_cache.finish()
+
+    def cached_unit(self, key: str | None, build: Callable[[], dict[str, torch.Tensor] | None],
+                    expected: dict[str, tuple[torch.dtype, tuple[int, ...]]]) -> dict[str, torch.Tensor] | None:
+        """The unit ``key`` from the bundle, else ``build()``'s tensors, stored for the bundle (``build`` returns
+        ``None`` for a result the bundle cannot hold; ``key`` ``None``: never cached). A stored unit whose
+        tensors are not ``expected`` (name -> dtype, shape) is packed again."""
+        cache = self.packed_cache() if key is not None else None
+        if cache is None or key is None:
+            return build()
+        found = cache.lookup(key, expected)
+        if found is not None:
+            return found
+        built = build()
+        if built is not None:
+            cache.store(key, built)
+        return built
 
     def header_tensors(self) -> dict[str, CheckpointTensor]:
         """Every tensor of :attr:`files` under the name a load gives it, read from the headers only (cached).
@@ -233,6 +284,7 @@ class GGUFQuantConfig(QuantizationConfig):
             "packed_bytes": sum(choice.packed_bytes for choice in self.layer_log.values()),
             "packing": _packing(counts),
             "layers": {prefix: attrs.asdict(choice) for prefix, choice in sorted(self.layer_log.items())},
+            "packed_cache": None if self._packed_cache is None else self._packed_cache.describe(),
         }
 
     def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
@@ -571,8 +623,28 @@ class GGUFLinearMethod(LinearMethodBase):
         return LayerChoice(decision.kernel, decision.types, packed_bytes, decision.reason, dense_dtype)
 
     def _packed(self, kernel: str, tensors: list[CheckpointTensor], dtype: torch.dtype) -> Int4CpuWeight:
-        """``tensors`` (in row order) in torch's int4 layout: Q4 blocks as they are, Q8_0 as its two planes."""
-        return self._pack_int8(tensors, dtype).planes if kernel == "int4x2" else self._pack(tensors, dtype)
+        """``tensors`` (in row order) in torch's int4 layout: Q4 blocks as they are, Q8_0 as its two planes;
+        from the packed-weights bundle when an earlier load wrote it (:meth:`GGUFQuantConfig.cached_unit`)."""
+        from .packed_cache import unit_key
+
+        made: list[Int4CpuWeight] = []
+
+        def build() -> dict[str, torch.Tensor] | None:
+            packed = self._pack_int8(tensors, dtype).planes if kernel == "int4x2" else self._pack(tensors, dtype)
+            made.append(packed)
+            # an unpacked weight carries its reason, which the bundle does not hold (the kernel took the shape)
+            return {"data": packed.data, "scales_and_zeros": packed.scales_and_zeros} if packed.packed else None
+
+        rows = sum(int(tensor.shape[0]) for tensor in tensors) * (2 if kernel == "int4x2" else 1)
+        cols = int(tensors[0].shape[-1])
+        expected = {"data": (torch.uint8, (rows, cols // 2)),
+                    "scales_and_zeros": (dtype, (cols // GROUP_SIZE, rows, 2))}
+        unit = self.config.cached_unit(unit_key(kernel, dtype, tensors), build, expected)
+        if made:
+            return made[0]
+        assert unit is not None
+        sz = unit["scales_and_zeros"]
+        return Int4CpuWeight(unit["data"], sz, GROUP_SIZE, int(sz.shape[0]) * GROUP_SIZE)
 
     @staticmethod
     def _keep_packed(layer: nn.Module, prefix: str, packed: Int4CpuWeight) -> int:

@@ -13,6 +13,11 @@ from typing import TYPE_CHECKING, Any
 from loader.hookspecs import hookimpl
 
 if TYPE_CHECKING:
+    from collections.abc import Generator
+
+    import torch
+    from torch import nn
+
     from loader.checkpoint import LoadOptions, Source, TokenizerBundle, WeightFormat
     from loader.layers import QuantizationConfig
     from loader.weights import ReadStats, WeightStream
@@ -70,22 +75,40 @@ def loader_detect_quantization(hf_config: Mapping[str, Any], requested: str | No
     ``quantization="gguf"`` always does; with no quantization named, a GGUF load does when its dtype is
     ``auto`` (the default) or a dtype the kernel computes in, unless ``format_options`` has
     ``dequantize`` (see :func:`~.packed_linear.packing_requested`); ``format_options`` ``kernel_dtype``
-    chooses the dtype the kernel computes in. The load's GGUF files (``weight_files``) go with it, so
-    ``loader inspect --layers`` plans every layer from their headers.
+    chooses the dtype the kernel computes in, ``packed_cache`` whether packed layers are kept on disk for
+    the next load (:mod:`~.packed_cache`; default on, ``LOADER_GGUF_PACKED_CACHE=0`` turns it off). The
+    load's GGUF files (``weight_files``) go with it, so ``loader inspect --layers`` plans every layer from
+    their headers.
     """
     if requested not in ("gguf", None) or (requested is None and options.extra.get("weight_format") != FORMAT_NAME):
         return None
+    from .packed_cache import cache_requested
     from .packed_linear import GGUFQuantConfig, kernel_dtype_for, kernel_dtype_requested, packing_requested
 
     kernel_dtype = kernel_dtype_requested(options) or kernel_dtype_for(options.dtype)
+    use_cache = cache_requested(options.extra.get("format_options", {}).get("packed_cache"))
     # the files' headers let each layer plan its kernel before loading (``loader inspect --layers``)
     files = tuple(options.extra.get("weight_files", ())) if options.extra.get("weight_format") == FORMAT_NAME else ()
     if requested == "gguf" or packing_requested(options):
         # dtype auto: what cannot stay packed is dequantized to the kernel's dtype, not float32
         dense_dtype = kernel_dtype if options.extra.get("dtype_auto") else None
         return GGUFQuantConfig(kernel_dtype=kernel_dtype, dense_dtype=dense_dtype, files=files,
-                               head_type=_output_head_type(files))
+                               head_type=_output_head_type(files), use_packed_cache=use_cache)
     return None
+
+
+@hookimpl(wrapper=True)
+def loader_process_weights_after_loading(model: nn.Module, quant_config: QuantizationConfig | None,
+                                         target_device: torch.device) -> Generator[None, list[None], list[None]]:
+    """Around every layer's post-processing: once it has succeeded, write the packed-weights bundle of a GGUF
+    load that packed layers it did not find there (:mod:`~.packed_cache`); a failed load writes nothing."""
+    result = yield
+    if quant_config is not None and quant_config.name == "gguf":
+        from .packed_linear import GGUFQuantConfig
+
+        if isinstance(quant_config, GGUFQuantConfig):
+            quant_config.finish_packed_cache()
+    return result
 
 
 def _output_head_type(files: tuple[str, ...]) -> int | None:

@@ -32,7 +32,8 @@ from .kernels_legacy import half_at, nibbles
 from .tensors import GGUFTensor
 
 __all__ = ["GROUP_SIZE", "HALF_SPLIT_TYPES", "INT4X2_TYPES", "PACKED_TYPES", "AffineRows", "HalfSplitRows",
-           "Int8Rows", "affine_rows", "decode_q4", "half_split_rows", "int8_rows", "kernel_for", "packing_reason"]
+           "Int8Rows", "affine_rows", "decode_q4", "gguf_window", "half_split_rows", "int8_rows", "kernel_for",
+           "packing_reason"]
 
 Q = GGMLQuantizationType
 GROUP_SIZE = 32
@@ -163,7 +164,7 @@ def decode_q4(raw: torch.Tensor, ggml_type: int) -> AffineRows:
                       ggml_type)
 
 
-def _gguf_window(tensor: CheckpointTensor) -> tuple[GGUFTensor, torch.Tensor | None] | str:
+def gguf_window(tensor: CheckpointTensor) -> tuple[GGUFTensor, torch.Tensor | None] | str:
     """The GGUF window under ``tensor`` and the row order to apply (``None``: as stored), or why there is none."""
     perm = None
     if isinstance(tensor, RowPermutedTensor):
@@ -176,7 +177,7 @@ def _gguf_window(tensor: CheckpointTensor) -> tuple[GGUFTensor, torch.Tensor | N
 def kernel_for(tensor: CheckpointTensor) -> str:
     """The kernel this part's block type runs on — ``int4`` (:data:`PACKED_TYPES`), ``int4x2``
     (:data:`INT4X2_TYPES`) or ``dequantized`` — from the header alone."""
-    found = _gguf_window(tensor)
+    found = gguf_window(tensor)
     if isinstance(found, str):
         return "dequantized"
     ggml_type = found[0].info.ggml_type
@@ -185,7 +186,7 @@ def kernel_for(tensor: CheckpointTensor) -> str:
 
 def packing_reason(tensor: CheckpointTensor) -> str | None:
     """Why this part cannot be packed (it must be dequantized instead), or ``None``; nothing is read."""
-    found = _gguf_window(tensor)
+    found = gguf_window(tensor)
     if isinstance(found, str):
         return found
     window, _ = found
@@ -208,7 +209,7 @@ def _read_blocks(tensor: CheckpointTensor) -> tuple[GGUFTensor, torch.Tensor, in
 def _blocks_and_order(tensor: CheckpointTensor) -> tuple[GGUFTensor, torch.Tensor, int, torch.Tensor | None]:
     """:func:`_read_blocks` with the rows left where they are stored: the blocks spanning the part's rows, and
     the indices of its rows among them in the part's order (``None``: in order)."""
-    found = _gguf_window(tensor)
+    found = gguf_window(tensor)
     if isinstance(found, str) or packing_reason(tensor) is not None:
         raise ValueError(f"{tensor.describe()}: cannot be packed ({packing_reason(tensor)})")
     window, perm = found

@@ -142,6 +142,12 @@ class GGUFTensor(CheckpointTensor):
                 f"supported: {', '.join(SUPPORTED_TYPES)}"
             )
 
+    def window_key(self) -> tuple[str, int, str, tuple[int, ...], int, int, int, int]:
+        """What names this window's bytes: file, data offset, block type, stored shape, first row and rows,
+        first column and columns (a packed-weights cache keys its units by it)."""
+        return (self.file, self.info.offset, self.stored_type, tuple(self.info.shape), self._row_start, self._rows,
+                self._col_start, self._cols)
+
     @property
     def columns(self) -> tuple[int, int]:
         """``(first column, columns)`` of this window within the stored rows."""
