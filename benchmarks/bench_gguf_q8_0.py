@@ -5,7 +5,8 @@ file's 1.06); they now keep their codes as the int4 kernel's two nibble planes (
 Llama (hidden 1024, 8 layers, vocabulary 32000; untied Q8_0 head) written with gguf-py under ``benchmarks/out/``
 once. Modes, each in a fresh process (``--reps`` times, order alternating, medians):
 
-- ``auto`` (the default): linears and head as ``int4x2``, the embedding as int8 codes;
+- ``auto`` (the default, packing at every load: ``packed_cache=False``, so the packing is what is timed):
+  linears and head as ``int4x2``, the embedding as int8 codes;
 - ``bf16-dequant`` (``dtype="bfloat16", format_options={"dequantize": True}``): everything dequantized to bfloat16
   — what ``auto`` held for Q8_0 linears before, plus a bfloat16 table where it had int8 codes;
 - ``f32-dequant`` (``dtype="float32"``): everything dequantized to float32.
@@ -28,7 +29,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 MODES: dict[str, dict[str, Any]] = {
-    "auto": {},
+    "auto": {"format_options": {"packed_cache": False}},
     "bf16-dequant": {"dtype": "bfloat16", "format_options": {"dequantize": True}},
     "f32-dequant": {"dtype": "float32"},
 }

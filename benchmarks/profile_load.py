@@ -1,7 +1,8 @@
 """Where a warm load's time goes, stage by stage: build, weight loading, post-processing (GGUF packing, the
 embedding, heap trims) — medians over fresh loads in one process, after one untimed load.
 
-Usage: ``python benchmarks/profile_load.py [PATH] [--threads 2] [--reps 7] [--dtype auto]`` (PATH defaults to
+Usage: ``python benchmarks/profile_load.py [PATH] [--threads 2] [--reps 7] [--dtype auto] [--packed-cache]``
+(every load packs; with ``--packed-cache`` the loads map GGUF's packed-weights bundle instead; PATH defaults to
 the SmolLM2 Q4_1 GGUF that ``scripts/fetch_smollm2.py`` fetches). Each stage's time is measured by wrapping
 the function that runs it, so the stages add up to less than the total (the rest: options, the checkpoint's
 header and config, the load report). Prints one Markdown table.
@@ -53,8 +54,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--packed-cache", action="store_true",
+                        help="map GGUF's packed-weights bundle (written by the untimed first load) instead of "
+                             "packing at every load")
     args = parser.parse_args(argv)
     import importlib
+    import os
+
+    # every timed load packs, unless the bundle is asked for
+    os.environ["LOADER_GGUF_PACKED_CACHE"] = "1" if args.packed_cache else "0"
 
     import torch
 
