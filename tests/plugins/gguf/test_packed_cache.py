@@ -276,3 +276,20 @@ def test_the_salt_names_the_plugin_s_packing_code_and_the_core_s_layout() -> Non
     salt = packed_cache._salt()
     assert salt == {"format": packed_cache.FORMAT, "code": salt["code"], "core": packed_layout_fingerprint()}
     assert len(salt["code"]) == 64 and len(salt["core"]) == 64
+
+
+def test_a_unit_is_keyed_only_when_every_part_lies_in_the_files_that_name_the_bundle(tiny_gguf):
+    from loader.weights import ReadStats
+    from loader_plugin_gguf.packed_cache import unit_key
+    from loader_plugin_gguf.weight_stream import iter_gguf_weights
+
+    path, _ = tiny_gguf("llama", Q.Q4_1, rope_scaling=None)
+    tensors = dict(iter_gguf_weights([str(path)], ReadStats()))
+    down = tensors["model.layers.0.mlp.down_proj.weight"]
+    key = unit_key("int4", torch.bfloat16, [down], [str(path)])
+    assert key is not None and str(path) in key and "Q4_1" in key
+    assert unit_key("int4", torch.bfloat16, [down], ["/elsewhere/other.gguf"]) is None
+    # another window of the same tensor, another dtype or another kernel is another unit
+    assert unit_key("int4", torch.bfloat16, [down.narrow(0, 0, 32)], [str(path)]) != key
+    assert unit_key("int4", torch.float16, [down], [str(path)]) != key
+    assert unit_key("int4x2", torch.bfloat16, [down], [str(path)]) != key

@@ -255,7 +255,8 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         """Register what ``kernel`` keeps (from the packed-weights bundle when an earlier load wrote it); its bytes."""
         from .packed_cache import unit_key
 
-        key = unit_key(f"embedding:{kernel}", state.kernel_dtype, [window], rows=state.rows, tied=state.tied)
+        key = unit_key(f"embedding:{kernel}", state.kernel_dtype, [window], self.config.files, rows=state.rows,
+                       tied=state.tied)
         buffers = self.config.cached_unit(key, functools.partial(_BUILDERS[kernel], state, window),
                                           _expected_buffers(state, window, kernel))
         assert buffers is not None

@@ -151,16 +151,18 @@ def _salt() -> dict[str, Any]:
         return _SALT
 
 
-def unit_key(kind: str, dtype: torch.dtype, tensors: Sequence[CheckpointTensor], **extra: object) -> str | None:
+def unit_key(kind: str, dtype: torch.dtype, tensors: Sequence[CheckpointTensor], files: Sequence[str],
+             **extra: object) -> str | None:
     """What decides one packing call's bytes, spelled out: ``kind`` (the kernel), the kernel ``dtype``, each
     part's GGUF window (file, data offset, block type, stored shape, rows and columns kept, the digest of its
-    row order) and ``extra``; ``None`` when a part is not a GGUF window (it is then never cached)."""
+    row order) and ``extra``; ``None`` when a part is not a GGUF window of one of ``files`` (the files whose
+    identity names the bundle), so it is never cached."""
     from .q4_blocks import gguf_window
 
     parts: list[list[object]] = []
     for tensor in tensors:
         found = gguf_window(tensor)
-        if isinstance(found, str):
+        if isinstance(found, str) or found[0].file not in files:
             return None
         window, order = found
         digest = None if order is None else hashlib.blake2b(order.contiguous().numpy().tobytes(),

@@ -639,7 +639,7 @@ class GGUFLinearMethod(LinearMethodBase):
         cols = int(tensors[0].shape[-1])
         expected = {"data": (torch.uint8, (rows, cols // 2)),
                     "scales_and_zeros": (dtype, (cols // GROUP_SIZE, rows, 2))}
-        unit = self.config.cached_unit(unit_key(kernel, dtype, tensors), build, expected)
+        unit = self.config.cached_unit(unit_key(kernel, dtype, tensors, self.config.files), build, expected)
         if made:
             return made[0]
         assert unit is not None
