@@ -103,3 +103,19 @@ def test_two_ranks_packed_with_the_float32_kernel_match_tp1_within_1e_5(tp_run, 
     got = [torch.load(rank[str(path)]["exact_packed_logits"]) for rank in ranks]
     assert torch.equal(got[0], got[1])
     assert relative_error(got[0], expected) <= 1e-5
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_rank_maps_its_own_packed_bundle_and_computes_what_it_packed(tp_run, case):
+    """The packed-weights bundle under torchrun: each rank writes and maps a bundle of its own (the variant names
+    the rank), every unit found on the second load, the logits bit-equal to the rank's packed load."""
+    files, ranks = tp_run
+    path = files[case]
+    paths = set()
+    for rank in ranks:
+        result = rank[str(path)]
+        cache = result["mapped_cache"]
+        assert cache["misses"] == 0 and cache["hits"] > 0 and cache["notes"] == []
+        paths.add(cache["path"])
+        assert torch.equal(torch.load(result["mapped_logits"]), torch.load(result["packed_logits"]))
+    assert len(paths) == 2

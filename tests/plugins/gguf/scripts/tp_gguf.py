@@ -2,9 +2,10 @@
 
 Usage: ``python -m torch.distributed.run --nproc-per-node N tp_gguf.py OUT FILE...``; writes
 ``OUT/rank<R>.json`` mapping each file to ``{"logits": path, "bytes_read": n, "packed_logits": path,
-"exact_packed_logits": path}`` and each packed load's per-layer kernels (``"<key>_layers"``): float32
-dequantized, then the default load (packed where a kernel exists), then packed with the kernel computing in
-float32 (``format_options={"kernel_dtype": "float32"}``).
+"exact_packed_logits": path, "mapped_logits": path, "mapped_cache": report}`` and each packed load's per-layer
+kernels (``"<key>_layers"``): float32 dequantized, then the default load (packed where a kernel exists), then
+packed with the kernel computing in float32 (``format_options={"kernel_dtype": "float32"}``), then the default
+load twice with the packed-weights bundle on, the second mapping what the first wrote.
 """
 
 from __future__ import annotations
@@ -40,6 +41,16 @@ def main(out: Path, files: list[str]) -> None:
             results[file][key] = str(packed_saved)
             results[file][f"{key}_layers"] = {name: layer["kernel"] for name, layer in
                                               packed_report.quantization["layers"].items()}
+        # the packed-weights bundle (this rank's own): the first load writes it, the second maps it
+        bundle = {"packed_cache": True}
+        load_model_with_report(file, format_options=bundle)
+        mapped, mapped_report = load_model_with_report(file, format_options=bundle)
+        with torch.no_grad():
+            mapped_logits = mapped(ids)
+        mapped_saved = out / f"{i}-rank{rank}-mapped_logits.pt"
+        torch.save(mapped_logits, mapped_saved)
+        results[file]["mapped_logits"] = str(mapped_saved)
+        results[file]["mapped_cache"] = mapped_report.quantization["packed_cache"]
     (out / f"rank{rank}.json").write_text(json.dumps(results))
 
 
