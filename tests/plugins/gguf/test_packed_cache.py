@@ -293,3 +293,20 @@ def test_a_unit_is_keyed_only_when_every_part_lies_in_the_files_that_name_the_bu
     assert unit_key("int4", torch.bfloat16, [down.narrow(0, 0, 32)], [str(path)]) != key
     assert unit_key("int4", torch.float16, [down], [str(path)]) != key
     assert unit_key("int4x2", torch.bfloat16, [down], [str(path)]) != key
+
+
+def test_the_load_s_config_keeps_no_unit_alive_once_the_load_is_done(tiny_gguf, cache):
+    """Every layer's method keeps the load's config: after the load it must not hold the packed tensors too, or a
+    ``module.to(...)`` that replaces them would keep both copies."""
+    import gc
+    import weakref
+
+    path, _ = tiny_gguf("llama", Q.Q4_1, rope_scaling=None)
+    for _ in range(2):  # the load that writes the bundle, then the one that maps it
+        model = loader.load_model(str(path), quantization="gguf")
+        layer = model.model.layers[0].mlp.down_proj
+        assert layer.quant_method.config.packed_cache() is not None
+        gone = weakref.ref(layer.packed_weight)
+        layer.packed_weight = layer.packed_weight.clone()
+        gc.collect()
+        assert gone() is None

@@ -273,7 +273,16 @@ class PackedCache:
     # -- writing -----------------------------------------------------------------
 
     def finish(self) -> None:
-        """After a load that succeeded: write a new bundle when a unit was built here, else mark this one used."""
+        """After a load that succeeded: write a new bundle when a unit was built here, else mark this one used.
+
+        Then the units are forgotten: the model's layers hold them, and the load's config (which every layer's
+        method keeps) must not keep buffers alive that the layers replace later (``module.to``)."""
+        try:
+            self._finish()
+        finally:
+            self._used, self._stored = {}, {}
+
+    def _finish(self) -> None:
         if self.path is None:
             return
         if self.misses == 0:
