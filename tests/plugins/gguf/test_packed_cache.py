@@ -46,6 +46,17 @@ def _assert_same_model(got: torch.nn.Module, expected: torch.nn.Module) -> None:
         assert torch.equal(got_state[name], tensor), name
 
 
+def _mapped_range(path: str) -> tuple[int, int]:
+    """Where this process maps the file at ``path`` (``/proc/self/maps``)."""
+    inode = os.stat(path).st_ino
+    for line in open("/proc/self/maps").read().splitlines():  # noqa: SIM115 - read at once
+        fields = line.split()
+        if len(fields) >= 6 and int(fields[4]) == inode and fields[5] == path:
+            low, high = (int(x, 16) for x in fields[0].split("-"))
+            return low, high
+    raise AssertionError(f"{path} is not mapped")
+
+
 def _bundles(folder) -> list:  # type: ignore[no-untyped-def]
     return sorted(folder.glob("*.bin")) if folder.exists() else []
 
@@ -81,10 +92,11 @@ def test_a_second_load_maps_the_bundle_the_first_wrote_and_is_the_same_model(tin
     assert report.quantization["kernels"] == kernels
     assert report.quantization["packed_bytes"] == first_report.quantization["packed_bytes"]
     _assert_same_model(second, first)
-    # the packed buffers are views of the bundle's map, not fresh memory
-    bundle_size = os.path.getsize(written["path"])
+    # the packed buffers lie in the bundle's map, not in fresh memory
+    start, end = _mapped_range(written["path"])
     mapped = [t for name, t in _buffers(second).items() if "packed_weight" in name or "q8_planes" in name]
-    assert mapped and all(t.untyped_storage().nbytes() == bundle_size for t in mapped)
+    assert mapped and all(start <= t.data_ptr() and t.data_ptr() + t.nbytes <= end for t in mapped)
+    assert not any(start <= t.data_ptr() < end for t in _buffers(first).values())
     ids = torch.randint(0, hf.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(second(ids), first(ids))
@@ -305,8 +317,21 @@ def test_the_load_s_config_keeps_no_unit_alive_once_the_load_is_done(tiny_gguf, 
     for _ in range(2):  # the load that writes the bundle, then the one that maps it
         model = loader.load_model(str(path), quantization="gguf")
         layer = model.model.layers[0].mlp.down_proj
-        assert layer.quant_method.config.packed_cache() is not None
         gone = weakref.ref(layer.packed_weight)
         layer.packed_weight = layer.packed_weight.clone()
         gc.collect()
         assert gone() is None
+
+
+def test_a_model_loaded_with_the_bundle_can_be_saved_whole_and_loaded_back(tiny_gguf, cache, tmp_path):
+    """``torch.save(model)`` pickles every module, their quant methods and the load's config with them: nothing of
+    the bundle (its lock, its map) may stay in the config once the load is done."""
+    path, hf = tiny_gguf("llama", Q.Q4_1, rope_scaling=None)
+    ids = torch.randint(0, hf.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
+    for load in ("writes", "maps"):
+        model = loader.load_model(str(path), quantization="gguf")
+        saved = tmp_path / f"{load}.pt"
+        torch.save(model, saved)
+        back = torch.load(saved, weights_only=False)
+        with torch.no_grad():
+            assert torch.equal(back(ids), model(ids)), load

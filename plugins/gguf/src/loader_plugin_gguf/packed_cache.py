@@ -267,8 +267,7 @@ class PackedCache:
                 return {}
             mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)  # writable for torch, never written back
         _populate(mapped)
-        flat = torch.frombuffer(mapped, dtype=torch.uint8)[data_start:]
-        return {key: _views(flat, key, entries) for key, entries in units.items()}
+        return {key: _views(mapped, data_start, key, entries) for key, entries in units.items()}
 
     # -- writing -----------------------------------------------------------------
 
@@ -343,8 +342,10 @@ class PackedCache:
                 "written": self.written, "notes": list(self.notes)}
 
 
-def _views(flat: torch.Tensor, key: str, entries: object) -> Built:
-    """One unit's tensors as views of the bundle's data; ``ValueError`` for an entry that does not fit."""
+def _views(mapped: mmap.mmap, data_start: int, key: str, entries: object) -> Built:
+    """One unit's tensors over the bundle's data, each on a storage of its own (``torch.save`` refuses tensors
+    that view one storage as different dtypes); ``ValueError`` for an entry that does not fit."""
+    data_bytes = len(mapped) - data_start
     if not isinstance(entries, list):
         raise ValueError(f"unit {key[:60]!r}: not a list of tensors")
     views: Built = {}
@@ -360,10 +361,13 @@ def _views(flat: torch.Tensor, key: str, entries: object) -> Built:
         for d in shape:
             numel *= d
         nbytes = numel * dtype.itemsize
-        if min(shape, default=1) < 0 or offset < 0 or offset % _ALIGN or offset + nbytes > flat.numel():
+        if min(shape, default=1) < 0 or offset < 0 or offset % _ALIGN or offset + nbytes > data_bytes:
             raise ValueError(f"unit {key[:60]!r}: tensor {name!r} ({nbytes} bytes at {offset}) lies outside the "
-                             f"{flat.numel()} data bytes")
-        views[str(name)] = flat[offset:offset + nbytes].view(dtype).view(shape)
+                             f"{data_bytes} data bytes")
+        if numel == 0:
+            views[str(name)] = torch.empty(shape, dtype=dtype)
+            continue
+        views[str(name)] = torch.frombuffer(mapped, dtype=dtype, count=numel, offset=data_start + offset).view(shape)
     return views
 
 

@@ -188,6 +188,9 @@ class LayerChoice:
 
 
 _FLOAT_TYPE_NAMES = ("F32", "F16", "BF16", "F64")
+_PACKED_CACHE_LOCK = threading.Lock()
+"""Guards making a config's :class:`~loader_plugin_gguf.packed_cache.PackedCache` (layers ask from worker threads);
+module-wide, so the config itself holds no lock."""
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -218,14 +221,16 @@ class GGUFQuantConfig(QuantizationConfig):
     _header_tensors: dict[str, CheckpointTensor] | None = attrs.field(default=None, init=False, eq=False,
                                                                       repr=False)
     _packed_cache: PackedCache | None = attrs.field(default=None, init=False, eq=False, repr=False)
-    _cache_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, eq=False, repr=False)
+    """During the load only: :meth:`finish_packed_cache` keeps its report and lets it go (it holds a lock and the
+    bundle's map, and ``torch.save(model)`` pickles this config with every layer's method)."""
+    _packed_cache_report: dict[str, Any] | None = attrs.field(default=None, init=False, eq=False, repr=False)
 
     def packed_cache(self) -> PackedCache | None:
         """This load's :class:`~loader_plugin_gguf.packed_cache.PackedCache` (made on first use, in the load's
         session: the bundle is per tensor parallel rank and size), ``None`` when it is off or the files unknown."""
-        if not self.use_packed_cache or not self.files:
+        if not self.use_packed_cache or not self.files or self._packed_cache_report is not None:
             return None
-        with self._cache_lock:
+        with _PACKED_CACHE_LOCK:
             if self._packed_cache is None:
                 from loader.models import current_session
 
@@ -240,8 +245,10 @@ class GGUFQuantConfig(QuantizationConfig):
 
     def finish_packed_cache(self) -> None:
         """After every layer is processed: write the bundle when this load packed a unit it did not find."""
-        if self._packed_cache is not None:
-            self._packed_cache.finish()
+        cache = self._packed_cache
+        if cache is not None:
+            cache.finish()
+            self._packed_cache_report, self._packed_cache = cache.describe(), None
 
     def cached_unit(self, key: str | None, build: Callable[[], dict[str, torch.Tensor] | None],
                     expected: dict[str, tuple[torch.dtype, tuple[int, ...]]]) -> dict[str, torch.Tensor] | None:
@@ -284,7 +291,8 @@ class GGUFQuantConfig(QuantizationConfig):
             "packed_bytes": sum(choice.packed_bytes for choice in self.layer_log.values()),
             "packing": _packing(counts),
             "layers": {prefix: attrs.asdict(choice) for prefix, choice in sorted(self.layer_log.items())},
-            "packed_cache": None if self._packed_cache is None else self._packed_cache.describe(),
+            "packed_cache": (self._packed_cache.describe() if self._packed_cache is not None
+                             else self._packed_cache_report),
         }
 
     def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
