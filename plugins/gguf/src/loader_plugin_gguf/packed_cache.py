@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from loader.checkpoint import LoadOptions
     from loader.weights import CheckpointTensor
 
 __all__ = ["DEFAULT_MAX_BYTES", "FORMAT", "MAGIC", "PackedCache", "cache_folder", "cache_requested",
@@ -69,21 +70,22 @@ DEFAULT_MAX_BYTES = 8 << 30
 """What the bundles together may take on disk before the least recently used are removed (8 GiB)."""
 _DTYPES = {str(d).removeprefix("torch."): d for d in (torch.uint8, torch.int8, torch.int32, torch.int64,
                                                       torch.float32, torch.float16, torch.bfloat16)}
-_YES, _NO = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 _STALE_TEMP_SECONDS = 3600.0
 _MADV_POPULATE_READ = 22  # Linux 5.14+
 
 Built = dict[str, torch.Tensor]
 
 
-def cache_requested(option: object) -> bool:
+def cache_requested(options: LoadOptions) -> bool:
     """Whether a load uses the cache: ``format_options`` ``packed_cache`` when given, else
     ``LOADER_GGUF_PACKED_CACHE`` (default on). Bad values, and a bad ``LOADER_GGUF_CACHE_MAX_BYTES`` when the
     cache is on, are refused here, before anything is loaded."""
     from loader.errors import UnsupportedError
 
-    if option is not None:
-        text = str(option).strip().lower()
+    from .packed_linear import _NO, _YES, _format_option
+
+    text = _format_option(options, "packed_cache")
+    if text is not None:
         if text not in _YES + _NO:
             raise UnsupportedError(f"format option packed_cache={text!r} is not a yes/no value; use true or false")
     else:

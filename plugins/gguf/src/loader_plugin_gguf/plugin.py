@@ -86,7 +86,7 @@ def loader_detect_quantization(hf_config: Mapping[str, Any], requested: str | No
     from .packed_linear import GGUFQuantConfig, kernel_dtype_for, kernel_dtype_requested, packing_requested
 
     kernel_dtype = kernel_dtype_requested(options) or kernel_dtype_for(options.dtype)
-    use_cache = cache_requested(options.extra.get("format_options", {}).get("packed_cache"))
+    use_cache = cache_requested(options)
     # the files' headers let each layer plan its kernel before loading (``loader inspect --layers``)
     files = tuple(options.extra.get("weight_files", ())) if options.extra.get("weight_format") == FORMAT_NAME else ()
     if requested == "gguf" or packing_requested(options):
