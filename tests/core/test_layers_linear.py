@@ -333,12 +333,12 @@ class _RecordingMethod(LinearMethodBase):
     def __init__(self) -> None:
         self.calls: list[tuple] = []
 
-    def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size,
-                       output_size, params_dtype, weight_loader, **extra):
-        self.calls.append((input_size_per_partition, list(output_partition_sizes), input_size, output_size))
-        w = torch.nn.Parameter(torch.empty(input_size_per_partition, sum(output_partition_sizes)),
+    def create_weights(self, layer, shape):
+        self.calls.append((shape.input_size_per_partition, list(shape.output_partition_sizes), shape.input_size,
+                           shape.output_size))
+        w = torch.nn.Parameter(torch.empty(shape.input_size_per_partition, shape.output_size_per_partition),
                                requires_grad=False)
-        set_param_layout(w, ParamLayout(weight_loader=weight_loader, output_dim=1, input_dim=0))
+        set_param_layout(w, ParamLayout(weight_loader=shape.weight_loader, output_dim=1, input_dim=0))
         layer.register_parameter("weight_t", w)
 
     def apply(self, layer, x, bias=None):

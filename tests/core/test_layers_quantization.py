@@ -102,3 +102,19 @@ def test_a_config_giving_a_non_linear_method_to_a_linear_is_named():
     with pytest.raises(PluginError, match=r"^quantization 'broken' gave str for the linear layer 'proj'; "
                                           r"a linear layer needs a LinearMethodBase$"):
         ColumnParallelLinear(4, 4, quant_config=_Broken(result="nf4"), prefix="proj")
+
+
+def test_the_shape_records_are_frozen_and_sum_the_output_parts():
+    import torch
+
+    from loader.layers import EmbeddingShape, LinearShape, default_weight_loader
+
+    shape = LinearShape(input_size_per_partition=4, output_partition_sizes=[2, 1, 1], input_size=8, output_size=16,
+                        params_dtype=torch.float32, weight_loader=default_weight_loader)
+    assert shape.output_partition_sizes == (2, 1, 1), "kept as a tuple: the record cannot change under a method"
+    assert shape.output_size_per_partition == 4
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        shape.input_size = 9  # type: ignore[misc]
+    embedding = EmbeddingShape(rows_per_partition=64, embedding_dim=8, params_dtype=torch.bfloat16,
+                               weight_loader=default_weight_loader)
+    assert attrs.evolve(embedding, rows_per_partition=32).rows_per_partition == 32

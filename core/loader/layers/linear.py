@@ -28,7 +28,7 @@ from torch import nn
 from .. import _distributed
 from .._session import current_session
 from .param_layout import ParamLayout, set_param_layout
-from .quantization import LinearMethodBase, linear_method_for
+from .quantization import LinearMethodBase, LinearShape, linear_method_for
 from .shard_loading import OutputPart, ShardedWeightLoading, ShardId
 
 if TYPE_CHECKING:
@@ -85,15 +85,14 @@ class LinearBase(ShardedWeightLoading, nn.Module):
         self.input_size_per_partition = input_size_per_partition
         self.output_partition_sizes = list(output_partition_sizes)
         self.quant_method = linear_method_for(self.quant_config, self, self.prefix)
-        self.quant_method.create_weights(
-            self,
-            input_size_per_partition,
-            self.output_partition_sizes,
-            self.input_size,
-            self.output_size,
-            self.params_dtype,
+        self.quant_method.create_weights(self, LinearShape(
+            input_size_per_partition=input_size_per_partition,
+            output_partition_sizes=output_partition_sizes,
+            input_size=self.input_size,
+            output_size=self.output_size,
+            params_dtype=self.params_dtype,
             weight_loader=self.weight_loader,
-        )
+        ))
         if bias_size is None:
             self.register_parameter("bias", None)
             return

@@ -4,8 +4,9 @@ A quantization plugin returns a :class:`QuantizationConfig` subclass from
 ``loader_detect_quantization``; each quantizable layer then asks that config
 for its method (``get_quant_method(layer, prefix)``, vLLM's shape) — the
 layers never reach back into the hook machinery. A layer never creates its
-own parameters: it asks its quantize method to (``create_weights``), routes
-its forward through ``apply``, and the pipeline calls
+own parameters: it asks its quantize method to (``create_weights``, handed
+the layer's sizes as one record: :class:`LinearShape` or :class:`EmbeddingShape`),
+routes its forward through ``apply``, and the pipeline calls
 ``process_weights_after_loading`` once every tensor is in. Model plugins never
 see the difference.
 
@@ -21,8 +22,10 @@ from __future__ import annotations
 
 import abc
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+import attrs
 
 from ..errors import FusedLayerSkipError, LoadError, PluginError
 from .param_layout import ParamLayout, WeightLoader, set_param_layout
@@ -35,7 +38,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EmbeddingMethodBase",
+    "EmbeddingShape",
     "LinearMethodBase",
+    "LinearShape",
     "QuantizationConfig",
     "QuantizeMethodBase",
     "UnquantizedLinearMethod",
@@ -45,6 +50,63 @@ __all__ = [
 ]
 
 _PACKED_MODULES = "_loader_packed_modules"
+
+
+def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(int(v) for v in values)
+
+
+@attrs.frozen
+class LinearShape:
+    """What a linear layer tells its quantize method's :meth:`~LinearMethodBase.create_weights`.
+
+    Built once by the layer (``LinearBase`` and a quantized ``ParallelLMHead``);
+    a method reads the fields it needs (``shape.input_size_per_partition``).
+
+    :ivar input_size_per_partition: this rank's input features.
+    :ivar output_partition_sizes: this rank's output rows of each fused part
+        (one entry for a plain linear, q/k/v or gate/up for fused ones).
+    :ivar input_size: the full input features.
+    :ivar output_size: the full output features.
+    :ivar params_dtype: the dtype of unquantized parameters.
+    :ivar weight_loader: the layer's loader, to put in each parameter's
+        :class:`~loader.layers.param_layout.ParamLayout` (or wrap) so
+        checkpoint tensors land in the right shard. A method whose parameters
+        are not plain copies of the checkpoint rows keeps this loader (fused
+        tensors are split, shapes checked and rows narrowed to this rank by
+        the layer) and sets the layout's ``load_part`` to land each narrowed
+        part itself.
+    """
+
+    input_size_per_partition: int
+    output_partition_sizes: tuple[int, ...] = attrs.field(converter=_int_tuple)
+    input_size: int
+    output_size: int
+    params_dtype: torch.dtype
+    weight_loader: WeightLoader
+
+    @property
+    def output_size_per_partition(self) -> int:
+        """This rank's output rows over every part (the rows of a dense weight)."""
+        return sum(self.output_partition_sizes)
+
+
+@attrs.frozen
+class EmbeddingShape:
+    """What a vocabulary embedding tells its quantize method's :meth:`~EmbeddingMethodBase.create_weights`.
+
+    :ivar rows_per_partition: this rank's vocabulary rows (padded).
+    :ivar embedding_dim: the width of a row.
+    :ivar params_dtype: the dtype of unquantized parameters.
+    :ivar weight_loader: the layer's loader: it checks the checkpoint tensor's
+        shape, narrows it to this rank's rows and, when the parameter's layout
+        has a ``load_part``, hands the narrowed rows there instead of copying.
+    """
+
+    rows_per_partition: int
+    embedding_dim: int
+    params_dtype: torch.dtype
+    weight_loader: WeightLoader
 
 
 class QuantizationConfig:
@@ -170,7 +232,8 @@ class QuantizeMethodBase(abc.ABC):
 
     @abc.abstractmethod
     def create_weights(self, layer: nn.Module, *args: Any, **kwargs: Any) -> None:
-        """Register the layer's parameters (on whatever device is current)."""
+        """Register the layer's parameters (on whatever device is current), sized by the layer's one shape
+        record (:class:`LinearShape`, :class:`EmbeddingShape`)."""
 
     @abc.abstractmethod
     def apply(self, layer: nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -197,32 +260,12 @@ class LinearMethodBase(QuantizeMethodBase):
     """Quantize method for the parallel linear layers."""
 
     @abc.abstractmethod
-    def create_weights(
-        self,
-        layer: nn.Module,
-        input_size_per_partition: int,
-        output_partition_sizes: list[int],
-        input_size: int,
-        output_size: int,
-        params_dtype: torch.dtype,
-        weight_loader: WeightLoader,
-        **extra: Any,
-    ) -> None:
-        """Register this rank's parameters on ``layer``.
+    def create_weights(self, layer: nn.Module, shape: LinearShape) -> None:
+        """Register this rank's parameters on ``layer``, sized by ``shape`` (see :class:`LinearShape`).
 
-        :param input_size_per_partition: this rank's input features.
-        :param output_partition_sizes: this rank's output rows of each fused
-            part (one entry for a plain linear, q/k/v or gate/up for fused ones).
-        :param input_size: the full input features.
-        :param output_size: the full output features.
-        :param params_dtype: the dtype of unquantized parameters.
-        :param weight_loader: the layer's loader, to put in each parameter's
-            :class:`~loader.layers.param_layout.ParamLayout` (or wrap) so
-            checkpoint tensors land in the right shard. A method whose
-            parameters are not plain copies of the checkpoint rows keeps this
-            loader (fused tensors are split, shapes checked and rows narrowed
-            to this rank by the layer) and sets the layout's ``load_part`` to
-            land each narrowed part itself.
+        Put ``shape.weight_loader`` in each parameter's
+        :class:`~loader.layers.param_layout.ParamLayout` (or wrap it) so the
+        layer splits fused tensors, checks shapes and narrows rows to this rank.
         """
 
     @abc.abstractmethod
@@ -240,20 +283,13 @@ class EmbeddingMethodBase(QuantizeMethodBase):
     """
 
     @abc.abstractmethod
-    def create_weights(
-        self,
-        layer: nn.Module,
-        rows_per_partition: int,
-        embedding_dim: int,
-        params_dtype: torch.dtype,
-        weight_loader: WeightLoader,
-        **extra: Any,
-    ) -> None:
-        """Register this rank's parameters on ``layer`` (``rows_per_partition`` padded vocabulary rows).
+    def create_weights(self, layer: nn.Module, shape: EmbeddingShape) -> None:
+        """Register this rank's parameters on ``layer``: ``shape.rows_per_partition`` padded vocabulary rows.
 
-        ``weight_loader`` is the layer's: it checks the checkpoint tensor's
-        shape, narrows it to this rank's rows and, when the parameter's layout
-        has a ``load_part``, hands the narrowed rows there instead of copying.
+        ``shape.weight_loader`` is the layer's: it checks the checkpoint
+        tensor's shape, narrows it to this rank's rows and, when the
+        parameter's layout has a ``load_part``, hands the narrowed rows there
+        instead of copying.
         """
 
     @abc.abstractmethod
@@ -275,24 +311,14 @@ class EmbeddingMethodBase(QuantizeMethodBase):
 class UnquantizedLinearMethod(LinearMethodBase):
     """Plain dense weights: one ``weight`` parameter ``(sum(output parts), input)``."""
 
-    def create_weights(
-        self,
-        layer: nn.Module,
-        input_size_per_partition: int,
-        output_partition_sizes: list[int],
-        input_size: int,
-        output_size: int,
-        params_dtype: torch.dtype,
-        weight_loader: WeightLoader,
-        **extra: Any,
-    ) -> None:
+    def create_weights(self, layer: nn.Module, shape: LinearShape) -> None:
         import torch
 
         weight = torch.nn.Parameter(
-            torch.empty(sum(output_partition_sizes), input_size_per_partition, dtype=params_dtype),
+            torch.empty(shape.output_size_per_partition, shape.input_size_per_partition, dtype=shape.params_dtype),
             requires_grad=False,
         )
-        set_param_layout(weight, ParamLayout(weight_loader=weight_loader, output_dim=0, input_dim=1))
+        set_param_layout(weight, ParamLayout(weight_loader=shape.weight_loader, output_dim=0, input_dim=1))
         layer.register_parameter("weight", weight)
 
     def layer_plan(self, layer: nn.Module) -> dict[str, Any] | None:

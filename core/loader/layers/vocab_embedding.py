@@ -36,7 +36,9 @@ from .default_loader import check_shape
 from .param_layout import ParamLayout, layout_of, param_shape, set_param_layout
 from .quantization import (
     EmbeddingMethodBase,
+    EmbeddingShape,
     LinearMethodBase,
+    LinearShape,
     QuantizeMethodBase,
     UnquantizedLinearMethod,
     embedding_method_for,
@@ -99,8 +101,10 @@ class VocabParallelEmbedding(nn.Module):
         self.quant_method = method
         if method is not None:
             del self.weight  # the method's parameters replace the dense table (built on meta: nothing allocated)
-            method.create_weights(self, self.num_embeddings_per_partition, embedding_dim, self.params_dtype,
-                                  self.weight_loader)
+            method.create_weights(self, EmbeddingShape(
+                rows_per_partition=self.num_embeddings_per_partition, embedding_dim=embedding_dim,
+                params_dtype=self.params_dtype, weight_loader=self.weight_loader,
+            ))
 
     @property
     def display_name(self) -> str:
@@ -197,10 +201,11 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.quant_method = None if method is None or isinstance(method, UnquantizedLinearMethod) else method
         if self.quant_method is not None:
             del self.weight  # the method's parameters replace the dense weight (built on meta: nothing allocated)
-            self.quant_method.create_weights(
-                self, embedding_dim, [self.num_embeddings_per_partition], embedding_dim,
-                self.num_embeddings_padded, self.params_dtype, self.weight_loader,
-            )
+            self.quant_method.create_weights(self, LinearShape(
+                input_size_per_partition=embedding_dim, output_partition_sizes=(self.num_embeddings_per_partition,),
+                input_size=embedding_dim, output_size=self.num_embeddings_padded,
+                params_dtype=self.params_dtype, weight_loader=self.weight_loader,
+            ))
         if bias:
             b = nn.Parameter(torch.empty(self.num_embeddings_per_partition, dtype=self.params_dtype),
                              requires_grad=False)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from loader.errors import CheckpointFormatError, UnsupportedError
-from loader.layers import LinearMethodBase, ParamLayout, WeightLoader, set_param_layout
+from loader.layers import LinearMethodBase, LinearShape, ParamLayout, set_param_layout
 
 from .codec import code_table, dequantize_blocks, quantize_blocks
 from .config import BitsAndBytesConfig
@@ -64,22 +64,12 @@ class BitsAndBytesLinearMethod(LinearMethodBase):
 
     # -- parameters --------------------------------------------------------------------------------
 
-    def create_weights(
-        self,
-        layer: nn.Module,
-        input_size_per_partition: int,
-        output_partition_sizes: list[int],
-        input_size: int,
-        output_size: int,
-        params_dtype: torch.dtype,
-        weight_loader: WeightLoader,
-        **extra: Any,
-    ) -> None:
-        rows, cols = sum(output_partition_sizes), input_size_per_partition
+    def create_weights(self, layer: nn.Module, shape: LinearShape) -> None:
+        rows, cols = shape.output_size_per_partition, shape.input_size_per_partition
         codes = LayerCodes(
             prefix=str(getattr(layer, "prefix", "") or type(layer).__name__), rows=rows, cols=cols,
-            part_rows=list(output_partition_sizes), blocksize=self.config.blocksize,
-            quant_type=self.config.quant_type, weight_dtype=params_dtype,
+            part_rows=list(shape.output_partition_sizes), blocksize=self.config.blocksize,
+            quant_type=self.config.quant_type, weight_dtype=shape.params_dtype,
             prequantized=self.config.prequantized,
         )
         packed = torch.empty((rows * cols + 1) // 2, 1, dtype=torch.uint8)

@@ -48,12 +48,13 @@ from gguf.constants import GGMLQuantizationType
 from loader.errors import CheckpointFormatError, UnsupportedError
 from loader.layers import (
     EmbeddingMethodBase,
+    EmbeddingShape,
     Int4CpuWeight,
     Int8GroupedWeight,
     LinearMethodBase,
+    LinearShape,
     ParamLayout,
     VocabParallelEmbedding,
-    WeightLoader,
     int4_unsupported_reason,
     int8_grouped_unsupported_reason,
     pack_int4,
@@ -148,16 +149,16 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
     def __init__(self, config: GGUFQuantConfig) -> None:
         self.config = config
 
-    def create_weights(self, layer: nn.Module, rows_per_partition: int, embedding_dim: int,
-                       params_dtype: torch.dtype, weight_loader: WeightLoader, **extra: Any) -> None:
+    def create_weights(self, layer: nn.Module, shape: EmbeddingShape) -> None:
         # a placeholder until the block type is known; the layer's loader checks the shape and narrows the rows
         weight = torch.nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
-        set_param_layout(weight, ParamLayout(weight_loader=weight_loader, output_dim=0,
-                                             logical_shape=(rows_per_partition, embedding_dim),
+        set_param_layout(weight, ParamLayout(weight_loader=shape.weight_loader, output_dim=0,
+                                             logical_shape=(shape.rows_per_partition, shape.embedding_dim),
                                              load_part=functools.partial(self._record, layer)))
         layer.register_parameter("weight", weight)
         prefix = str(getattr(layer, "display_name", type(layer).__name__))
-        self.set_layer_state(layer, GGUFEmbeddingState(prefix, rows_per_partition, embedding_dim, params_dtype))
+        self.set_layer_state(layer, GGUFEmbeddingState(prefix, shape.rows_per_partition, shape.embedding_dim,
+                                                       shape.params_dtype))
 
     def _record(self, layer: nn.Module, param: torch.Tensor, part: NarrowedPart) -> None:
         """Remember this rank's rows (nothing is read until the type and the head are known)."""
@@ -392,11 +393,11 @@ class GGUFHeadMethod(LinearMethodBase):
         self.config = config
         self._embedding = GGUFEmbeddingMethod(config)
 
-    def create_weights(self, layer: nn.Module, input_size_per_partition: int, output_partition_sizes: list[int],
-                       input_size: int, output_size: int, params_dtype: torch.dtype, weight_loader: WeightLoader,
-                       **extra: Any) -> None:
-        self._embedding.create_weights(layer, sum(output_partition_sizes), input_size_per_partition, params_dtype,
-                                       weight_loader)
+    def create_weights(self, layer: nn.Module, shape: LinearShape) -> None:
+        self._embedding.create_weights(layer, EmbeddingShape(
+            rows_per_partition=shape.output_size_per_partition, embedding_dim=shape.input_size_per_partition,
+            params_dtype=shape.params_dtype, weight_loader=shape.weight_loader,
+        ))
         state = self.layer_state(layer, GGUFEmbeddingState)
         state.tied, state.lookups = True, False
 

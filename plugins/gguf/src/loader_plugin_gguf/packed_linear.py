@@ -80,12 +80,12 @@ from loader.layers import (
     Int8GroupedWeight,
     LinearBase,
     LinearMethodBase,
+    LinearShape,
     ParallelLMHead,
     ParamLayout,
     QuantizationConfig,
     RowParallelLinear,
     VocabParallelEmbedding,
-    WeightLoader,
     int4_unsupported_reason,
     int8_grouped_unsupported_reason,
     native_repack,
@@ -419,18 +419,8 @@ class GGUFLinearMethod(LinearMethodBase):
     def __init__(self, config: GGUFQuantConfig) -> None:
         self.config = config
 
-    def create_weights(
-        self,
-        layer: nn.Module,
-        input_size_per_partition: int,
-        output_partition_sizes: list[int],
-        input_size: int,
-        output_size: int,
-        params_dtype: torch.dtype,
-        weight_loader: WeightLoader,
-        **extra: Any,
-    ) -> None:
-        rows, cols = sum(output_partition_sizes), input_size_per_partition
+    def create_weights(self, layer: nn.Module, shape: LinearShape) -> None:
+        rows, cols = shape.output_size_per_partition, shape.input_size_per_partition
         linear = cast("LinearBase", layer)
         split = None
         if isinstance(linear, RowParallelLinear) and linear.tp_size > 1:
@@ -440,13 +430,13 @@ class GGUFLinearMethod(LinearMethodBase):
         # row-parallel layer at tp > 1 is handed every input column (no input_dim): it narrows rows or columns
         # itself once it knows which it can pack.
         weight = torch.nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
-        set_param_layout(weight, ParamLayout(weight_loader=weight_loader, output_dim=0,
+        set_param_layout(weight, ParamLayout(weight_loader=shape.weight_loader, output_dim=0,
                                              input_dim=1 if split is None else None,
-                                             logical_shape=(rows, cols if split is None else input_size),
+                                             logical_shape=(rows, cols if split is None else shape.input_size),
                                              load_part=functools.partial(self._record, linear)))
         layer.register_parameter("weight", weight)
         self.set_layer_state(layer, GGUFLayerState(
-            prefix=linear.display_name, rows=rows, cols=cols, params_dtype=params_dtype, split=split))
+            prefix=linear.display_name, rows=rows, cols=cols, params_dtype=shape.params_dtype, split=split))
 
     def _record(self, layer: LinearBase, param: torch.Tensor, part: NarrowedPart) -> None:
         """Remember this rank's narrowed part (nothing is read until every part is in)."""

@@ -26,7 +26,7 @@ import attrs
 import torch
 
 from loader.errors import CheckpointFormatError
-from loader.layers import LinearMethodBase, ParamLayout, WeightLoader, set_param_layout
+from loader.layers import LinearMethodBase, LinearShape, ParamLayout, WeightLoader, set_param_layout
 
 from .column_chunks import int4_by_columns
 from .config import PackedQuantConfig
@@ -62,31 +62,21 @@ class PackedLinearMethod(LinearMethodBase):
     def __init__(self, config: PackedQuantConfig) -> None:
         self.config = config
 
-    def create_weights(
-        self,
-        layer: nn.Module,
-        input_size_per_partition: int,
-        output_partition_sizes: list[int],
-        input_size: int,
-        output_size: int,
-        params_dtype: torch.dtype,
-        weight_loader: WeightLoader,
-        **extra: Any,
-    ) -> None:
+    def create_weights(self, layer: nn.Module, shape: LinearShape) -> None:
         cfg, layout = self.config, self.config.layout
         linear = cast("LinearBase", layer)
         geometry = layer_geometry(
-            linear.display_name, input_size_per_partition, list(output_partition_sizes),
-            input_size, tp_rank=linear.tp_rank, tp_size=linear.tp_size, bits=cfg.bits, group_size=cfg.group_size,
+            linear.display_name, shape.input_size_per_partition, list(shape.output_partition_sizes),
+            shape.input_size, tp_rank=linear.tp_rank, tp_size=linear.tp_size, bits=cfg.bits, group_size=cfg.group_size,
             act_order=cfg.act_order, input_pack=layout.input_pack, output_pack=layout.output_pack,
         )
         specs = layout.params(geometry)
         for spec in specs:
             param = torch.nn.Parameter(torch.empty(spec.shape, dtype=spec.dtype), requires_grad=False)
-            set_param_layout(param, self._layout(linear, spec, weight_loader))
+            set_param_layout(param, self._layout(linear, spec, shape.weight_loader))
             layer.register_parameter(spec.name, param)
         self.set_layer_state(layer, PackedLayerState(
-            geometry=geometry, names=tuple(spec.name for spec in specs), params_dtype=params_dtype))
+            geometry=geometry, names=tuple(spec.name for spec in specs), params_dtype=shape.params_dtype))
 
     def _layout(self, layer: LinearBase, spec: ParamSpec, weight_loader: WeightLoader) -> ParamLayout:
         load_part = None
