@@ -21,6 +21,10 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+import attrs
+
+from ._process_group import group_rank, group_size
+from ._session import current_session, load_session
 from .errors import ConfigError, UnsupportedError
 
 if TYPE_CHECKING:
@@ -36,24 +40,6 @@ __all__ = [
     "init_distributed",
     "simulated_tp",
 ]
-
-def group_size() -> int:
-    """World size of the real process group (1 when there is none)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return int(dist.get_world_size())
-    return 1
-
-
-def group_rank() -> int:
-    """This process's rank in the real process group (0 when there is none)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return int(dist.get_rank())
-    return 0
-
 
 def init_distributed(device: str | torch.device | None = None) -> None:
     """Join the process group ``torchrun`` describes, when there is more than one process.
@@ -118,10 +104,6 @@ def simulated_tp(rank: int, size: int) -> Iterator[None]:
     rank and size when they are constructed, so build them inside the block;
     a load started inside it keeps this rank and size.
     """
-    import attrs
-
-    from ._session import current_session, load_session
-
     if size < 1 or not 0 <= rank < size:
         raise ValueError(f"simulated rank {rank} is outside a tensor parallel group of size {size}")
     with load_session(attrs.evolve(current_session(), tp_rank=rank, tp_size=size)):

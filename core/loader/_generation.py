@@ -11,6 +11,13 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from . import _hooks
+from ._chat_template import render_chat
+from ._options import LoadOptions
+from ._pipeline.prepare import prepare_checkpoint
+from .errors import LoadError, UnsupportedError
+from .layers.attention import Attention, KVCache
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -58,10 +65,6 @@ def tokenizer_for(location: str, *, load_format: str = "auto", revision: str | N
     """The tokenizer of the checkpoint at ``location`` (``tokenizer.json``, or what the format provides)."""
     import torch
 
-    from . import _hooks
-    from ._options import LoadOptions
-    from ._pipeline.prepare import prepare_checkpoint
-
     options = LoadOptions(dtype=torch.float32, device=torch.device("cpu"), load_format=load_format,
                           revision=revision)
     prepared = prepare_checkpoint(location, options)
@@ -70,12 +73,10 @@ def tokenizer_for(location: str, *, load_format: str = "auto", revision: str | N
 
 def encode_prompt(bundle: TokenizerBundle, prompt: str, *, chat: bool, system: str | None = None) -> list[int]:
     """Token ids for ``prompt``, through the chat template when ``chat``."""
-    from .errors import LoadError
 
     if chat:
         if not bundle.chat_template:
             raise LoadError("--chat asked for, but the checkpoint has no chat template")
-        from ._chat_template import render_chat
 
         messages = ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": prompt}
@@ -96,8 +97,6 @@ def greedy_tokens(model: nn.Module, prompt_ids: Sequence[int], max_new_tokens: i
                   stop_ids: Sequence[int] = ()) -> Iterator[int]:
     """Yield greedily chosen token ids one at a time, reusing the KV cache."""
     import torch
-
-    from .layers.attention import Attention, KVCache
 
     if not prompt_ids:
         raise ValueError("the prompt encodes to no tokens")
@@ -122,8 +121,6 @@ def generate_greedy(model: nn.Module, bundle: TokenizerBundle, prompt: str, *, m
 
     prompt_ids = encode_prompt(bundle, prompt, chat=chat, system=system)
     if not prompt_ids:
-        from .errors import UnsupportedError
-
         raise UnsupportedError(f"--prompt {prompt!r} encodes to no tokens (and the tokenizer adds no BOS token); "
                         "give a prompt with some text")
     start = time.perf_counter()

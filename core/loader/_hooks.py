@@ -21,6 +21,7 @@ import attrs
 import pluggy
 
 from ._plugin_guard import calling_plugin, recording_answers
+from ._plugins import current_plugin_host
 from .errors import ConfigError, LoadError, PluginError, SourceNotFoundError, UnsupportedError
 
 if TYPE_CHECKING:
@@ -55,8 +56,6 @@ def _host(host: PluginHost | None) -> PluginHost:
     """``host`` if given, else the load session's (the process-wide one outside a load)."""
     if host is not None:
         return host
-    from ._session import current_plugin_host
-
     return current_plugin_host()
 
 

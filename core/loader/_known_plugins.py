@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Literal
 
 import attrs
 
+from ._plugins import ENTRY_POINT_GROUP
+
 if TYPE_CHECKING:
     from ._plugins import PluginHost
     from .checkpoint import Source
@@ -122,8 +124,6 @@ def formats_of_files(source: Source) -> list[str]:
 def installed_uri_schemes() -> list[str]:
     """URI schemes of the installed first-party plugins, from entry point names alone (nothing imported)."""
     import importlib.metadata
-
-    from ._plugins import ENTRY_POINT_GROUP
 
     installed = {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
     return [scheme for plugin in KNOWN_PLUGINS if plugin.name in installed for scheme in plugin.schemes]

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from .errors import UnsupportedError
+
 if TYPE_CHECKING:
     import torch
 
@@ -69,8 +71,6 @@ def torch_dtype_of(dtype: SafetensorsDType) -> torch.dtype:
 
     found = getattr(torch, dtype.torch_name, None)
     if not isinstance(found, torch.dtype):
-        from .errors import UnsupportedError
-
         raise UnsupportedError(
             f"safetensors dtype {dtype.code} needs torch.{dtype.torch_name}, which torch "
             f"{torch.__version__} does not provide"

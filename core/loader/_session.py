@@ -22,20 +22,22 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from ._process_group import group_rank, group_size
+
 if TYPE_CHECKING:
     import torch
 
     from ._plugins import PluginHost
 
-__all__ = ["LoadSession", "current_plugin_host", "current_session", "load_session"]
+__all__ = ["LoadSession", "active_session", "current_session", "load_session"]
 
 
 @attrs.frozen
 class LoadSession:
     """What every part of one load agrees on.
 
-    ``host`` is ``None`` for the process-wide plugin host (built on first use by
-    :meth:`plugin_host`). ``dtype`` is the dtype parameters are created in,
+    ``host`` is ``None`` for the process-wide plugin host (built on first use;
+    :func:`loader._plugins.current_plugin_host` resolves it). ``dtype`` is the dtype parameters are created in,
     ``device`` the device the model is loaded for (it is built on ``meta`` first).
     """
 
@@ -49,14 +51,6 @@ class LoadSession:
         if self.tp_size < 1 or not 0 <= self.tp_rank < self.tp_size:
             raise ValueError(f"rank {self.tp_rank} is outside a tensor parallel group of size {self.tp_size}")
 
-    def plugin_host(self) -> PluginHost:
-        """The session's plugin host, or the process-wide one when the session names none."""
-        if self.host is not None:
-            return self.host
-        from ._plugins import get_plugin_host
-
-        return get_plugin_host()
-
 
 _CURRENT: ContextVar[LoadSession | None] = ContextVar("loader_load_session", default=None)
 
@@ -64,8 +58,6 @@ _CURRENT: ContextVar[LoadSession | None] = ContextVar("loader_load_session", def
 def _default_session() -> LoadSession:
     """The session outside any load: this process's place in the real process group, torch's defaults."""
     import torch
-
-    from ._distributed import group_rank, group_size
 
     return LoadSession(host=None, tp_rank=group_rank(), tp_size=group_size(),
                        dtype=torch.get_default_dtype(), device=torch.device("cpu"))
@@ -77,18 +69,13 @@ def current_session() -> LoadSession:
     return session if session is not None else _default_session()
 
 
-def current_plugin_host() -> PluginHost:
-    """The plugin host of the load in progress, else the process-wide one.
+def active_session() -> LoadSession | None:
+    """The session of the load in progress in this thread (or task), or ``None`` outside a load.
 
-    Unlike ``current_session().plugin_host()`` this builds no default session,
-    so it imports no torch: ``loader plugins`` and ``loader models`` stay light.
+    Builds no default session, so it imports no torch: the plugin host is
+    found through it while ``loader plugins`` and ``loader models`` stay light.
     """
-    session = _CURRENT.get()
-    if session is not None:
-        return session.plugin_host()
-    from ._plugins import get_plugin_host
-
-    return get_plugin_host()
+    return _CURRENT.get()
 
 
 @contextmanager

@@ -103,10 +103,10 @@ def test_use_plugin_host_swaps_and_restores() -> None:
     first = create_plugin_host(load_entry_points=False)
     second = create_plugin_host(load_entry_points=False)
     with plugins.use_plugin_host(first):
-        assert current_session().plugin_host() is first
+        assert plugins.current_plugin_host() is first
         with plugins.use_plugin_host(second):
-            assert current_session().plugin_host() is second
-        assert current_session().plugin_host() is first
+            assert plugins.current_plugin_host() is second
+        assert plugins.current_plugin_host() is first
     assert current_session().host is None
 
 

@@ -13,7 +13,7 @@ import torch
 import loader
 from loader._distributed import simulated_tp
 from loader._pipeline.factory_dtype import factory_dtype
-from loader._plugins import create_plugin_host
+from loader._plugins import create_plugin_host, current_plugin_host
 from loader._session import LoadSession, current_session, load_session
 from loader.layers import ColumnParallelLinear, RMSNorm, VocabParallelEmbedding
 
@@ -31,7 +31,7 @@ def test_default_session_outside_a_load() -> None:
 def test_load_session_nests_and_restores() -> None:
     host = create_plugin_host(load_entry_points=False)
     with load_session(_session(host=host, dtype=torch.bfloat16)):
-        assert current_session().plugin_host() is host
+        assert current_plugin_host() is host
         with simulated_tp(1, 2):
             assert (current_session().tp_rank, current_session().tp_size) == (1, 2)
             assert current_session().dtype == torch.bfloat16  # only rank and size change

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from .._plugins import current_plugin_host
+from .._registry import get_registry
 from .output import print_json, print_table
 
 __all__ = ["run_models", "run_plugins"]
 
 
 def run_plugins(args: argparse.Namespace) -> int:
-    from .._registry import get_registry
-    from .._session import current_plugin_host
 
     host = current_plugin_host()  # the process-wide host, unless a caller set another
     records = host.plugin_records()
@@ -33,8 +33,6 @@ def run_plugins(args: argparse.Namespace) -> int:
 
 
 def run_models(args: argparse.Namespace) -> int:
-    from .._registry import get_registry
-
     registry = get_registry()
     entries = registry.entries()
     infos = registry.model_infos_or_errors([e.architecture for e in entries])

@@ -6,6 +6,9 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from .._generation import generate_greedy, tokenizer_for
+from .._pipeline.load import load_model_with_report
+from ..errors import UnsupportedError
 from .layer_kernels import kernel_summary_lines
 from .output import format_bytes, print_json
 
@@ -17,7 +20,6 @@ __all__ = ["generation_json", "parse_format_options", "run_generate", "run_load"
 
 def parse_format_options(pairs: list[str]) -> dict[str, str]:
     """``["concurrency=16", ...]`` from ``--format-option`` into a dict; the format plugin validates the values."""
-    from ..errors import UnsupportedError
 
     options: dict[str, str] = {}
     for pair in pairs:
@@ -29,7 +31,6 @@ def parse_format_options(pairs: list[str]) -> dict[str, str]:
 
 
 def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from .._pipeline.load import load_model_with_report
 
     return load_model_with_report(
         args.source, dtype=args.dtype, device=args.device, load_format=args.load_format,
@@ -69,8 +70,6 @@ def run_load(args: argparse.Namespace) -> int:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from .._generation import generate_greedy, tokenizer_for
-
     model, report = _load(args)
     bundle = tokenizer_for(args.source, load_format=args.load_format, revision=args.revision)
     result = generate_greedy(model, bundle, args.prompt, max_new_tokens=args.max_new_tokens, chat=args.chat,

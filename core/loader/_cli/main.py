@@ -14,6 +14,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from ..errors import LoadError
 from .parser import EXIT_USER_ERROR, CliParser, build_parser
 from .tp_launch import quiet_other_ranks, worker_exit
 
@@ -94,8 +95,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, arguments: list[str]) -> int:
-    from ..errors import LoadError
-
     try:
         return _dispatch(args, arguments)
     except LoadError as exc:

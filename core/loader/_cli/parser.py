@@ -14,6 +14,8 @@ import math
 import sys
 from typing import NoReturn
 
+from .._known_plugins import installed_uri_schemes
+from .._options import MODEL_IMPLS
 from .versions import VersionAction
 
 __all__ = ["DTYPE_CHOICES", "EXIT_USER_ERROR", "CliParser", "build_parser", "source_help"]
@@ -60,7 +62,6 @@ def _positive_int(text: str) -> int:
 
 def source_help() -> str:
     """What SOURCE may be; URI schemes only as installed plugins provide them (read from entry point names)."""
-    from .._known_plugins import installed_uri_schemes
 
     schemes = installed_uri_schemes()
     uris = f", a URI ({', '.join(f'{s}://' for s in schemes)})" if schemes else ""
@@ -79,8 +80,6 @@ def _add_json(p: argparse.ArgumentParser, what: str = "the result") -> None:
 
 
 def _add_model_impl(p: argparse.ArgumentParser) -> None:
-    from .._options import MODEL_IMPLS
-
     p.add_argument("--model-impl", default="auto", dest="model_impl", choices=MODEL_IMPLS,
                    help="auto (default: a native class, else the transformers fallback), native (never the "
                         "fallback) or transformers (always the fallback), as vLLM's --model-impl")

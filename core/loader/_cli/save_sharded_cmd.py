@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from .._sharded.save import save_sharded
 from .output import format_bytes, print_json
 
 __all__ = ["run_save_sharded"]
 
 
 def run_save_sharded(args: argparse.Namespace) -> int:
-    from .._sharded.save import save_sharded
-
     saved = save_sharded(args.source, args.out, tp_size=args.tp, dtype=args.dtype, load_format=args.load_format,
                          max_part_bytes=int(args.max_part_gb * 1000**3), revision=args.revision)
     if args.json:

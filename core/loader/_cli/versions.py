@@ -14,7 +14,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .._plugins import PluginHost, PluginRecord
+from .._plugins import PluginHost, PluginRecord, _core_version, create_plugin_host
+from ..errors import LoadError
 
 __all__ = ["VersionAction", "version_lines"]
 
@@ -48,9 +49,6 @@ class VersionAction(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
                  option_string: str | None = None) -> None:
-        from .._plugins import _core_version, create_plugin_host
-        from ..errors import LoadError
-
         try:
             host = create_plugin_host()  # loads every entry point: an import failure shows as such
         except LoadError as exc:  # a LOADER_PLUGINS name no plugin has

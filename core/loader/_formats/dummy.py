@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from .. import _hooks
 from ..checkpoint import Source, WeightFormat
 from ..errors import SourceNotFoundError
 from ..hookspecs import hookimpl
+from ..weights import EagerTensor
 
 if TYPE_CHECKING:
     from torch import nn
@@ -29,7 +31,6 @@ DUMMY = "dummy"
 def loader_detect_format(source: Source, requested: str) -> WeightFormat | None:
     if requested != DUMMY:
         return None
-    from .. import _hooks
 
     try:
         files = _hooks.detect_format(source, "auto").files
@@ -41,8 +42,6 @@ def loader_detect_format(source: Source, requested: str) -> WeightFormat | None:
 def dummy_weights(model: nn.Module) -> Iterator[tuple[str, CheckpointTensor]]:
     """Uniform values in ``[-1e-3, 1e-3)`` from one seeded generator, in parameter order (integers: zero)."""
     import torch
-
-    from ..weights import EagerTensor
 
     generator = torch.Generator(device="cpu").manual_seed(0)
     for name, param in model.named_parameters():

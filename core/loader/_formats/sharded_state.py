@@ -12,6 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from .._session import current_session
+from .._sharded.reader import iter_part_files
+from .._sharded_layout import MARKER, rank_files, read_layout
 from ..checkpoint import Source, WeightFormat
 from ..errors import SourceNotFoundError
 from ..hookspecs import hookimpl
@@ -29,8 +32,6 @@ def loader_detect_format(source: Source, requested: str) -> WeightFormat | None:
     """This rank's part files when the source is a sharded-state folder (asked for, or marked as one)."""
     if requested not in ("auto", SHARDED_STATE) or source.directory is None:
         return None
-    from .._session import current_session
-    from .._sharded_layout import MARKER, rank_files, read_layout
 
     layout = read_layout(source.directory)
     if layout is None:
@@ -50,6 +51,5 @@ def loader_iter_weights(weight_format: WeightFormat, stats: ReadStats
                         ) -> Iterator[tuple[str, CheckpointTensor]] | None:
     if weight_format.name != SHARDED_STATE:
         return None
-    from .._sharded.reader import iter_part_files
 
     return iter_part_files(weight_format.files, stats)

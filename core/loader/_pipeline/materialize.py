@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from .._mapped_parameters import mapping_enabled, min_map_bytes, own_region, region_budget
+from ..layers.quantization import QuantizeMethodBase
 
 __all__ = ["materialize", "parameter_bytes"]
 
@@ -123,7 +124,6 @@ def _empty(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def _post_processed(owners: list[tuple[nn.Module, str]]) -> bool:
     """Whether a quantize method that post-processes its layer owns the tensor (and so may drop it)."""
-    from ..layers.quantization import QuantizeMethodBase
 
     for module, _ in owners:
         method = getattr(module, "quant_method", None)

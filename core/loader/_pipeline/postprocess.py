@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 from .._io_pool import io_threads
 from ..hookspecs import hookimpl
+from ..layers.quantization import QuantizeMethodBase
 from .heap import release_freed_heap
 
 if TYPE_CHECKING:
@@ -85,7 +86,6 @@ def device_loading_context(module: nn.Module, target_device: torch.device) -> It
 def loader_process_weights_after_loading(
     model: nn.Module, quant_config: QuantizationConfig | None, target_device: torch.device
 ) -> None:
-    from ..layers.quantization import QuantizeMethodBase
 
     layers = [(module, method) for module in model.modules()
               if isinstance(method := getattr(module, "quant_method", None), QuantizeMethodBase)]

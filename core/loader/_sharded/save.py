@@ -19,6 +19,9 @@ import torch
 from torch import nn
 
 from .._distributed import simulated_tp
+from .._pipeline.load import build_options, load_model_with_report
+from .._pipeline.prepare import prepare_checkpoint
+from .._plugins import _core_version
 from .._sharded_layout import ShardedLayout, part_file_name, write_marker
 from ..checkpoint import Source, read_source_file
 from ..errors import SourceNotFoundError, UnsupportedError
@@ -95,8 +98,6 @@ def save_sharded(source: str, out: str | Path, *, tp_size: int, dtype: Any = "bf
                  load_format: str = "auto", max_part_bytes: int = DEFAULT_MAX_PART_BYTES,
                  revision: str | None = None) -> SavedShards:
     """Write ``source`` cut for ``tp_size`` ranks into ``out``."""
-    from .._pipeline.load import build_options, load_model_with_report
-    from .._pipeline.prepare import prepare_checkpoint
 
     if tp_size < 1:
         raise UnsupportedError(f"--tp must be at least 1, found {tp_size}")
@@ -126,7 +127,6 @@ def save_sharded(source: str, out: str | Path, *, tp_size: int, dtype: Any = "bf
     hf_config = prepared.hf_config
     (folder / "config.json").write_text(json.dumps(dict(hf_config), indent=2, default=str) + "\n")
     _copy_side_files(prepared.source, folder)
-    from .._plugins import _core_version
 
     write_marker(folder, ShardedLayout(tp_size=tp_size, dtype=dtype_name, architecture=architecture,
                                        loader_version=_core_version()))

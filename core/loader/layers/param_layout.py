@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from .default_loader import default_weight_loader
+
 if TYPE_CHECKING:
     import torch
 
@@ -118,6 +120,5 @@ def weight_loader_of(param: torch.Tensor) -> WeightLoader:
     loader = layout_of(param).weight_loader
     if loader is not None:
         return loader
-    from .default_loader import default_weight_loader
 
     return default_weight_loader
