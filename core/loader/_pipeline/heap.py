@@ -2,8 +2,8 @@
 
 Post-processing builds many short-lived tensors (GGUF blocks decoded into codes,
 scales and biases before packing, one layer at a time). glibc keeps what they
-freed in its heap for reuse, so a process's RSS after loading SmolLM2 Q4_1
-packed stood 18 MiB above its parameters with nothing live there. One
+freed in its heap for reuse, so a process's RSS after a packed GGUF load
+stood well above its parameters with nothing live there. One
 ``malloc_trim(0)`` after the load returns those pages; elsewhere (musl, macOS)
 there is nothing to call and nothing is done.
 """

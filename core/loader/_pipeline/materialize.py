@@ -9,12 +9,12 @@ arena: one per layer whose quantize method post-processes its tensors
 (which it usually replaces: GPTQ's small ``scales``, ``qzeros`` and
 ``g_idx``), one for the rest. Pages written into an arena stay resident
 while any tensor in it lives, so sharing one with the norms kept every
-dropped checkpoint tensor's bytes in RSS (35 MiB for a 1.1B GPTQ Llama), and
+dropped checkpoint tensor's bytes in RSS, and
 one arena for all such layers would keep them until the last layer is
 processed, at the load's peak. Regions and arenas are advised for
 transparent huge pages (whole 2 MiB spans only), which makes first-touch
 page faults (the dominant cost of copying a checkpoint into fresh memory)
-about 8x cheaper. Parameter objects are kept (only ``.data`` changes), so
+much cheaper. Parameter objects are kept (only ``.data`` changes), so
 ``weight_loader`` attributes survive.
 """
 
@@ -116,8 +116,8 @@ def materialize(model: nn.Module, device: torch.device, *, arena: bool = True) -
 def _empty(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Uninitialised storage for the ``meta`` ``tensor`` on ``device``.
 
-    Not ``torch.empty_like``: from a ``meta`` tensor it imports sympy and mpmath (~490 modules, ~38 MB of
-    RSS and tens of milliseconds in a fresh process).
+    Not ``torch.empty_like``: from a ``meta`` tensor it imports sympy and mpmath, a costly first import in a
+    fresh process (benchmarks/RESULTS.md).
     """
     return torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
 

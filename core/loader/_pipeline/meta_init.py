@@ -5,9 +5,7 @@ A model is built on ``meta`` and every parameter is then filled from the checkpo
 ``kaiming_uniform_``, ``nn.Embedding``'s ``normal_`` and a model's own
 ``_init_weights`` compute nothing there. They still cost:
 each dispatches into torch's meta kernels, whose first call faults their code
-into the process (about 1.3-1.5 MiB of ``libtorch_cpu`` per kind of
-initialiser in isolation; on the 1 GB benchmark Llama the fallback's peak RSS
-fell 0.3 MiB, since other meta operations share much of that code).
+(part of ``libtorch_cpu``) into the process's resident memory.
 Only meta tensors are skipped; an initialiser called on a
 real tensor during a build (a buffer a model fills itself) runs as before.
 """

@@ -2,18 +2,18 @@
 
 Registered as plugin ``core.postprocess``. For each module carrying a
 ``quant_method``, its parameters are moved to the target device for the call
-and copied back where they lived afterwards (the seed's
+and copied back where they lived afterwards (vLLM's
 ``device_loading_context``), so a repack that needs the GPU works even for
 layers kept on the CPU.
 
 The heap is trimmed as layers are processed (:func:`~loader._pipeline.heap.release_freed_heap`):
 a layer's temporaries are freed between the buffers the next layers
 allocate, and glibc keeps such fragments resident until trimmed, so without
-it they add up across layers and the load's peak RSS (measured: 50 MiB on a
-1 GB GPTQ Llama, 8 layers) stands above what is live. A trim walks the whole
-heap (~0.3 ms), so it runs once :data:`TRIM_AFTER_BYTES` of processed layers'
-tensors have been built since the last one, not after every layer: SmolLM2's
-121 small GGUF layers trimmed each time spent 20-50 ms of a 0.3-s load.
+it they add up across layers and the load's peak RSS stands above what is
+live. A trim walks the whole heap, so it runs once :data:`TRIM_AFTER_BYTES`
+of processed layers' tensors have been built since the last one, not after
+every layer: a model of many small layers would spend a share of its load
+trimming (benchmarks/RESULTS.md).
 
 On a CPU load, layers whose method sets
 :attr:`~loader.layers.QuantizeMethodBase.process_weights_concurrently` are
@@ -22,8 +22,7 @@ processed on worker threads (as many as :mod:`loader._io_pool` reads with,
 others run on the loading thread in model order: a
 repack's heavy steps (torch ops, compiled helpers called through
 :mod:`ctypes`) release the GIL, and much of their time is the kernel faulting
-in the fresh pages they write, which two threads do side by side (SmolLM2
-Q4_1 packed, 2 vCPUs: post-processing ~130 -> ~100 ms). Each task runs in a
+in the fresh pages they write, which two threads do side by side. Each task runs in a
 copy of the loading thread's context (the load session) and grad mode, its
 torch ops on one intra-op thread. A
 failure cancels what has not started, waits for what has, and is raised for
@@ -95,9 +94,9 @@ def loader_process_weights_after_loading(
         _process(layers, {}, target_device)
         return
     # threads of its own, ended with the step: a thread that ran torch ops keeps an OpenMP team, and while
-    # such idle teams outnumber the CPUs libgomp stops spinning at barriers (SmolLM2 decode: 60 -> 20 tok/s).
+    # such idle teams outnumber the CPUs libgomp stops spinning at barriers (a later decode runs several times slower).
     # Each runs torch ops on one thread: the workers already fill the CPUs, and a team per worker
-    # oversubscribed them (SmolLM2, 2 vCPUs: post-processing ~106 -> ~94 ms).
+    # oversubscribed them.
     import torch
 
     intra_op = torch.get_num_threads()

@@ -102,7 +102,7 @@ def requirements_fingerprint(distribution: str) -> str | None:
 
 
 _VERSION_KEYED = frozenset({"builtins", "torch"})
-"""Packages the environment fingerprint already keys by version (walking torch's files would cost ~0.1 s)."""
+"""Packages the environment fingerprint already keys by version (walking torch's many files would be slow)."""
 
 
 def mro_packages(cls: type) -> list[str]:
