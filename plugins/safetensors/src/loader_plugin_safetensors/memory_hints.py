@@ -1,12 +1,12 @@
 """Ask the kernel to back large destination tensors with transparent huge pages.
 
 Freshly allocated memory (a new tensor, or parameters just materialised from
-the meta device) is faulted in page by page on first write. On this machine's
-VM a 4 KiB fault costs so much that writing fresh memory runs at ~3 GB/s while
-copying into already-touched memory runs at ~17 GB/s; with THP in ``madvise``
-mode (the common default) one ``madvise(MADV_HUGEPAGE)`` on the 2 MiB-aligned
-interior of the buffer makes the faults 512x rarer (measured 4-5x faster reads
-into fresh memory). It is only a hint: contents and semantics do not change,
+the meta device) is faulted in page by page on first write. Where a 4 KiB
+fault is costly (a VM's host backing memory on first touch), writing fresh
+memory is several times slower than copying into touched memory; with THP in
+``madvise`` mode (the common default) one ``madvise(MADV_HUGEPAGE)`` on the
+2 MiB-aligned interior of the buffer makes the faults 512x rarer and such reads
+faster (benchmarks/RESULTS.md). It is only a hint: contents and semantics do not change,
 and where it is unsupported it does nothing.
 """
 

@@ -11,10 +11,9 @@ Three strategies, chosen from the layout alone:
 - many small segments (a narrow on an inner dim): blocks of rows are read
   whole, gaps included, with one ``preadv`` each into a reused bounce buffer
   of about :data:`CHUNK_BYTES`, and the segments copied out of it with numpy's
-  strided copy; a syscall per row costs more than the copy (measured here,
-  warm cache: 1 KiB rows 1.2 GB/s with one ``preadv`` each vs 9 GB/s from a
-  map; 16 KiB rows 8 vs 14 GB/s). Not a map: a file cut short while it is read
-  must give a short read (an error), not a ``SIGBUS`` (issue 16, item 9).
+  strided copy; a syscall per row costs more than the copy
+  (benchmarks/RESULTS.md). Not a map: a file cut short while it is read
+  must give a short read (an error), not a ``SIGBUS``.
 
 The threads are the core's shared pool (:mod:`loader.io`, ``LOADER_READ_THREADS``).
 

@@ -17,7 +17,7 @@ rewrite a checkpoint while it loads; a read from a map past the new end of the
 file is a ``SIGBUS`` that kills the process, while a positioned read returns
 short and becomes a :class:`~loader.errors.CheckpointFormatError` naming the
 file and tensor. What the bounce costs against converting straight out of a
-map is in benchmarks/RESULTS.md (issue 16, item 9). Mapped *parameters*
+map is in benchmarks/RESULTS.md. Mapped *parameters*
 (:func:`loader.weights.fill_parameter`) are the one place file pages outlive a read.
 
 CPU destinations are first offered transparent huge pages
@@ -45,8 +45,8 @@ STAGING_CHUNK_BYTES = 32 << 20
 
 BOUNCE_CHUNK_BYTES = 16 << 20
 """Source bytes per chunk of a converting CPU read. Each chunk is one parallel region of torch's copy;
-smaller chunks stay in the CPU cache, but on a busy machine waking torch's threads costs milliseconds per
-region (2 MiB chunks took 3x as long as 16 MiB there): benchmarks/RESULTS.md."""
+smaller chunks stay in the CPU cache, but on a busy machine waking torch's threads for each region costs
+more than the cache saves: benchmarks/RESULTS.md."""
 
 _BOUNCE_SLOT = 2
 """This thread's staging slot for the bounce buffer (0 and 1 belong to the CUDA path)."""
