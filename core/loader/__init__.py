@@ -5,14 +5,14 @@ Importing :mod:`loader` is cheap: torch and the pipeline load on first use of
 
 The public API is this module, ``loader.errors``, ``loader.hookspecs``,
 ``loader.weights``, ``loader.checkpoint``, ``loader.io``, ``loader.layers``,
-``loader.models`` and ``loader.testing``, each name in its ``__all__`` (declared once, in
+``loader.models``, ``loader.testing`` and ``loader.lazy``, each name in its ``__all__`` (declared once, in
 ``loader._public_api``); everything else is internal and may change without
 notice.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from . import errors
 from .errors import (
@@ -28,6 +28,7 @@ from .errors import (
     UnsupportedError,
 )
 from .hookspecs import hookimpl
+from .lazy import lazy_exports
 
 if TYPE_CHECKING:
     __version__: str | None
@@ -55,26 +56,11 @@ __all__ = [
     "model_info",
 ]
 
-_LAZY = {
-    "load_model": ("loader._pipeline.load", "load_model"),
-    "load_model_with_report": ("loader._pipeline.load", "load_model_with_report"),
-    "LoadReport": ("loader._pipeline.load", "LoadReport"),
-    "model_info": ("loader._registry", "model_info"),
-    "ModelInfo": ("loader._registry", "ModelInfo"),
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name == "__version__":
-        from ._plugins import _core_version
-
-        globals()[name] = _core_version()
-        return globals()[name]
-    if name in _LAZY:
-        import importlib
-
-        module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(module), attr)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'loader' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, globals(), {
+    "__version__": "._version",
+    "load_model": "._pipeline.load",
+    "load_model_with_report": "._pipeline.load",
+    "LoadReport": "._pipeline.load",
+    "model_info": "._registry",
+    "ModelInfo": "._registry",
+})

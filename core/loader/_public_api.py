@@ -25,6 +25,7 @@ PUBLIC_MODULES = (
     "loader.hookspecs",
     "loader.io",
     "loader.layers",
+    "loader.lazy",
     "loader.models",
     "loader.testing",
     "loader.weights",

@@ -7,9 +7,9 @@ use (PEP 562): a load resolves and imports its class without it.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ..lazy import lazy_exports
 from .entry import RegisteredModel
 from .registry import ModelChoice, ModelRegistry, get_registry, model_info
 
@@ -28,13 +28,8 @@ __all__ = [
     "model_info",
 ]
 
-_LAZY = {"ProbeCache": "cache", "ModelInfo": "capabilities", "inspect_model_class": "capabilities"}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, globals(), {
+    "ProbeCache": ".cache",
+    "ModelInfo": ".capabilities",
+    "inspect_model_class": ".capabilities",
+})

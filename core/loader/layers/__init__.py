@@ -10,8 +10,9 @@ torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .activation import SiluAndMul
@@ -99,63 +100,50 @@ __all__ = [
     "weight_loader_of",
 ]
 
-_HOME = {
-    "SiluAndMul": "activation",
-    "Attention": "attention",
-    "KVCache": "attention",
-    "default_weight_loader": "default_loader",
-    "RMSNorm": "layernorm",
-    "Int4CpuWeight": "int4_cpu",
-    "KERNEL_GROUP_SIZES": "int4_cpu",
-    "int4_unsupported_reason": "int4_cpu",
-    "pack_int4": "int4_cpu",
-    "pack_int4_half_split": "int4_cpu",
-    "pack_int4_half_split_parts": "int4_cpu",
-    "packed_layout_fingerprint": "int4_cpu",
-    "Int8GroupedWeight": "int8_cpu",
-    "int8_grouped_unsupported_reason": "int8_cpu",
-    "pack_int8_grouped": "int8_cpu",
-    "NativeRepack": "native_packing",
-    "native_repack": "native_packing",
-    "native_repack_unavailable_reason": "native_packing",
-    "ColumnParallelLinear": "linear",
-    "LinearBase": "linear",
-    "MergedColumnParallelLinear": "linear",
-    "QKVParallelLinear": "linear",
-    "RowParallelLinear": "linear",
-    "ParamLayout": "param_layout",
-    "PartLoader": "param_layout",
-    "layout_of": "param_layout",
-    "param_shape": "param_layout",
-    "set_param_layout": "param_layout",
-    "weight_loader_of": "param_layout",
-    "EmbeddingMethodBase": "quantization",
-    "EmbeddingShape": "quantization",
-    "LinearMethodBase": "quantization",
-    "LinearShape": "quantization",
-    "QuantizationConfig": "quantization",
-    "QuantizeMethodBase": "quantization",
-    "UnquantizedLinearMethod": "quantization",
-    "WeightLoader": "quantization",
-    "RotaryEmbedding": "rotary_embedding",
-    "get_rope": "rotary_embedding",
-    "ROPE_SCALING_FIELDS": "rotary_embedding",
-    "NarrowedPart": "shard_loading",
-    "OutputPart": "shard_loading",
-    "ShardId": "shard_loading",
-    "ParallelLMHead": "vocab_embedding",
-    "VocabParallelEmbedding": "vocab_embedding",
-}
-
-
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{home}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, globals(), {
+    "SiluAndMul": ".activation",
+    "Attention": ".attention",
+    "KVCache": ".attention",
+    "default_weight_loader": ".default_loader",
+    "RMSNorm": ".layernorm",
+    "Int4CpuWeight": ".int4_cpu",
+    "KERNEL_GROUP_SIZES": ".int4_cpu",
+    "int4_unsupported_reason": ".int4_cpu",
+    "pack_int4": ".int4_cpu",
+    "pack_int4_half_split": ".int4_cpu",
+    "pack_int4_half_split_parts": ".int4_cpu",
+    "packed_layout_fingerprint": ".int4_cpu",
+    "Int8GroupedWeight": ".int8_cpu",
+    "int8_grouped_unsupported_reason": ".int8_cpu",
+    "pack_int8_grouped": ".int8_cpu",
+    "NativeRepack": ".native_packing",
+    "native_repack": ".native_packing",
+    "native_repack_unavailable_reason": ".native_packing",
+    "ColumnParallelLinear": ".linear",
+    "LinearBase": ".linear",
+    "MergedColumnParallelLinear": ".linear",
+    "QKVParallelLinear": ".linear",
+    "RowParallelLinear": ".linear",
+    "ParamLayout": ".param_layout",
+    "PartLoader": ".param_layout",
+    "layout_of": ".param_layout",
+    "param_shape": ".param_layout",
+    "set_param_layout": ".param_layout",
+    "weight_loader_of": ".param_layout",
+    "EmbeddingMethodBase": ".quantization",
+    "EmbeddingShape": ".quantization",
+    "LinearMethodBase": ".quantization",
+    "LinearShape": ".quantization",
+    "QuantizationConfig": ".quantization",
+    "QuantizeMethodBase": ".quantization",
+    "UnquantizedLinearMethod": ".quantization",
+    "WeightLoader": ".quantization",
+    "RotaryEmbedding": ".rotary_embedding",
+    "get_rope": ".rotary_embedding",
+    "ROPE_SCALING_FIELDS": ".rotary_embedding",
+    "NarrowedPart": ".shard_loading",
+    "OutputPart": ".shard_loading",
+    "ShardId": ".shard_loading",
+    "ParallelLMHead": ".vocab_embedding",
+    "VocabParallelEmbedding": ".vocab_embedding",
+})

@@ -10,23 +10,14 @@ method should not hold its config classes.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from loader.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .config import OPTION_NAMES, BitsAndBytesConfig, config_from_checkpoint, config_from_options
     from .names import METHOD_NAME
     from .quant_state import QuantStateHeader, parse_quant_state
-
-_EXPORTS = {
-    "BitsAndBytesConfig": "config",
-    "METHOD_NAME": "names",
-    "OPTION_NAMES": "config",
-    "QuantStateHeader": "quant_state",
-    "config_from_checkpoint": "config",
-    "config_from_options": "config",
-    "parse_quant_state": "quant_state",
-}
 
 __all__ = [
     "BitsAndBytesConfig",
@@ -38,11 +29,12 @@ __all__ = [
     "parse_quant_state",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, globals(), {
+    "BitsAndBytesConfig": ".config",
+    "METHOD_NAME": ".names",
+    "OPTION_NAMES": ".config",
+    "QuantStateHeader": ".quant_state",
+    "config_from_checkpoint": ".config",
+    "config_from_options": ".config",
+    "parse_quant_state": ".quant_state",
+})

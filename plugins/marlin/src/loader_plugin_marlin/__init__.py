@@ -10,18 +10,12 @@ method should not hold its config classes.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from loader.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .config import KERNELS, METHOD_NAME, GPTQConfig, config_from_checkpoint
-
-_EXPORTS = {
-    "GPTQConfig": "config",
-    "KERNELS": "config",
-    "METHOD_NAME": "config",
-    "config_from_checkpoint": "config",
-}
 
 __all__ = [
     "GPTQConfig",
@@ -30,11 +24,9 @@ __all__ = [
     "config_from_checkpoint",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, globals(), {
+    "GPTQConfig": ".config",
+    "KERNELS": ".config",
+    "METHOD_NAME": ".config",
+    "config_from_checkpoint": ".config",
+})

@@ -7,8 +7,9 @@ should not hold the object store's code.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from loader.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .errors import ObjectChangedError, StorageAccessError
@@ -18,22 +19,6 @@ if TYPE_CHECKING:
     from .settings import StreamerSettings
     from .tensor import StreamedTensor, StreamSlot
     from .uri import ObjectUri, parse_object_uri
-
-_EXPORTS = {
-    "FORMATS": "formats",
-    "RUNAI": "formats",
-    "RUNAI_SHARDED": "formats",
-    "ObjectChangedError": "errors",
-    "StorageAccessError": "errors",
-    "ObjectInfo": "object_store",
-    "ObjectStore": "object_store",
-    "S3Folder": "s3_folder",
-    "StreamerSettings": "settings",
-    "StreamSlot": "tensor",
-    "StreamedTensor": "tensor",
-    "ObjectUri": "uri",
-    "parse_object_uri": "uri",
-}
 
 __all__ = [
     "FORMATS",
@@ -51,11 +36,18 @@ __all__ = [
     "parse_object_uri",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, globals(), {
+    "FORMATS": ".formats",
+    "RUNAI": ".formats",
+    "RUNAI_SHARDED": ".formats",
+    "ObjectChangedError": ".errors",
+    "StorageAccessError": ".errors",
+    "ObjectInfo": ".object_store",
+    "ObjectStore": ".object_store",
+    "S3Folder": ".s3_folder",
+    "StreamerSettings": ".settings",
+    "StreamSlot": ".tensor",
+    "StreamedTensor": ".tensor",
+    "ObjectUri": ".uri",
+    "parse_object_uri": ".uri",
+})
