@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from loader._public_api import PUBLIC_MODULES, PrivateImport, private_imports, public_names
+from loader._public_api import PUBLIC_MODULES, PrivateImport, plugin_public_names, private_imports, public_names
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN_SOURCES = sorted(
@@ -123,3 +123,88 @@ def test_public_modules_import_no_torch() -> None:
             "print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+# -- one plugin building on another ---------------------------------------------------------------------------
+
+
+def _plugin_package(root: Path, name: str, files: dict[str, str]) -> Path:
+    package = root / name
+    package.mkdir(parents=True)
+    for file, source in files.items():
+        (package / file).write_text(textwrap.dedent(source), encoding="utf-8")
+    return package
+
+
+def test_a_plugin_importing_another_plugins_internals_is_reported(tmp_path: Path) -> None:
+    plugin = _plugin_package(tmp_path, "loader_plugin_sneaky", {"__init__.py": "", "model.py": """\
+        import loader_plugin_llama
+        from loader_plugin_llama import ConfigFields, LlamaForCausalLM
+        from loader_plugin_llama.config import LlamaConfig
+        from loader_plugin_llama import rope_settings
+        import loader_plugin_llama.decoder
+        from loader_plugin_llama import _not_declared
+        from loader_plugin_sneaky.helpers import own_helper
+        from .helpers import other_helper
+
+        def late():
+            return loader_plugin_llama.model.LlamaForCausalLM, loader_plugin_llama.LlamaConfig
+        """}) / "model.py"
+    found = private_imports(plugin.read_text(), str(plugin))
+    assert [str(p) for p in found] == [
+        f"{plugin}:3: imports loader_plugin_llama.config, which is not in loader_plugin_llama's public API",
+        f"{plugin}:4: imports loader_plugin_llama.rope_settings, which is not in loader_plugin_llama's public API",
+        f"{plugin}:5: imports loader_plugin_llama.decoder, which is not in loader_plugin_llama's public API",
+        f"{plugin}:6: imports loader_plugin_llama._not_declared, which is not in loader_plugin_llama's public API",
+        f"{plugin}:11: imports loader_plugin_llama.model, which is not in loader_plugin_llama's public API",
+    ]
+
+
+def test_a_plugin_may_import_its_own_modules() -> None:
+    source = "from loader_plugin_llama.config import LlamaConfig\nimport loader_plugin_llama.decoder\n"
+    assert private_imports(source, "plugins/llama/src/loader_plugin_llama/model.py") == []
+    assert private_imports(source, "anywhere.py", package="loader_plugin_llama") == []
+    assert [p.name for p in private_imports(source, "docs/example.md")] == [
+        "loader_plugin_llama.config", "loader_plugin_llama.decoder"]
+
+
+def test_a_plugins_surface_is_read_from_its_init_without_importing_it(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    _plugin_package(tmp_path, "loader_plugin_surface_fixture", {"__init__.py": """\
+        __all__ = ["Declared", "helper"]
+        raise RuntimeError("importing the package would fail")
+        """})
+    _plugin_package(tmp_path, "loader_plugin_no_surface_fixture", {"__init__.py": "__all__ = sorted(['Computed'])\n"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert plugin_public_names("loader_plugin_surface_fixture") == {"Declared", "helper"}
+    assert plugin_public_names("loader_plugin_no_surface_fixture") == frozenset(), "only a literal list declares"
+    assert plugin_public_names("loader_plugin_not_installed_fixture") == frozenset()
+    found = private_imports("from loader_plugin_surface_fixture import Declared, Hidden\n", "user.py")
+    assert [str(p) for p in found] == [
+        "user.py:1: imports loader_plugin_surface_fixture.Hidden, which is not in "
+        "loader_plugin_surface_fixture's public API"]
+    assert "loader_plugin_surface_fixture" not in sys.modules
+
+
+DECLARING_PLUGINS = sorted(p for p in {p.parts[p.parts.index("src") + 1] for p in PLUGIN_SOURCES}
+                           if plugin_public_names(p))
+
+
+@pytest.mark.parametrize("package", DECLARING_PLUGINS)
+def test_every_name_a_plugin_declares_exists(package: str) -> None:
+    declared = plugin_public_names(package)
+    module = importlib.import_module(package)
+    assert sorted(declared) == sorted(module.__all__)
+    missing = [name for name in declared if not hasattr(module, name)]
+    assert not missing, f"{package} declares {missing} in __all__ but does not define them"
+
+
+def test_the_plugins_that_build_on_llama_use_its_declared_surface() -> None:
+    """Mistral, Qwen and the docs' example import Llama's names from the package, and every one is declared."""
+    assert "loader_plugin_llama" in DECLARING_PLUGINS
+    users = [p for p in PLUGIN_SOURCES if "loader_plugin_llama" not in p.parts and
+             "loader_plugin_llama" in p.read_text(encoding="utf-8")]
+    assert {p.parts[p.parts.index("src") + 1] for p in users} >= {
+        "loader_plugin_mistral", "loader_plugin_qwen", "loader_plugin_scaled_llama"}
+    for path in users:
+        assert private_imports(path.read_text(encoding="utf-8"), str(path.relative_to(REPO))) == []

@@ -11,9 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from loader_plugin_llama.config import MAX_LAYERS, LlamaConfig, read_decoder_config
-from loader_plugin_llama.config_fields import ConfigFields
-from loader_plugin_llama.model import LlamaForCausalLM
+from loader_plugin_llama import MAX_LAYERS, ConfigFields, LlamaConfig, LlamaForCausalLM, read_decoder_config
 
 __all__ = ["MistralForCausalLM", "parse_mistral_config"]
 

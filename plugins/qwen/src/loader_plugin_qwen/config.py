@@ -12,8 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from loader.errors import ConfigError
-from loader_plugin_llama.config import MAX_LAYERS, LlamaConfig, read_decoder_config
-from loader_plugin_llama.config_fields import ConfigFields
+from loader_plugin_llama import MAX_LAYERS, ConfigFields, LlamaConfig, read_decoder_config
 
 __all__ = ["parse_qwen2_config", "parse_qwen3_config", "read_qwen_sliding_windows"]
 

@@ -15,9 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from loader.layers import RMSNorm
-from loader_plugin_llama.config import LlamaConfig
-from loader_plugin_llama.decoder import LlamaAttention
-from loader_plugin_llama.model import LlamaForCausalLM
+from loader_plugin_llama import LlamaAttention, LlamaConfig, LlamaForCausalLM
 
 from .config import parse_qwen2_config, parse_qwen3_config
 

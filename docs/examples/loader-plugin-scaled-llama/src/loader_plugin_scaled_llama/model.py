@@ -15,9 +15,7 @@ import torch
 
 from loader.layers import KVCache
 from loader.models import ModelContext
-from loader_plugin_llama.config import LlamaConfig, parse_llama_config
-from loader_plugin_llama.config_fields import ConfigFields
-from loader_plugin_llama.model import LlamaForCausalLM
+from loader_plugin_llama import ConfigFields, LlamaConfig, LlamaForCausalLM, parse_llama_config
 
 __all__ = ["ScaledEmbeddingLlamaForCausalLM"]
 
