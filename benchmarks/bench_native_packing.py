@@ -1,6 +1,6 @@
 """The compiled packing helpers against torch's packing, one SmolLM2-shaped layer at a time, in one process.
 
-Each helper (:mod:`loader.layers.native_packing`) and the torch code it replaces write the same bytes; this
+Each helper (:mod:`loader.kernels.native_packing`) and the torch code it replaces write the same bytes; this
 times both on random blocks of SmolLM2-135M's shapes (Q4_1 linears, the Q8_0 tied embedding's planes), a
 fresh output each call as a load allocates one, alternating the two, and prints medians, their ratio, and
 the one-time build of the library into an empty cache folder.
@@ -46,7 +46,7 @@ def _median_ms(call: Callable[[], object], reps: int) -> float:
 
 
 def _switch(native: bool) -> None:
-    from loader.layers import native_repack
+    from loader.kernels import native_repack
 
     os.environ["LOADER_NATIVE_REPACK"] = "1" if native else "0"
     native_repack.cache_clear()
@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     sys.path.insert(0, str(REPO))
     from benchmarks.machine import describe_machine
-    from loader.layers import native_repack, pack_int4_half_split_parts, pack_int8_grouped
+    from loader.kernels import native_repack, pack_int8_grouped
+    from loader_plugin_gguf.half_split import pack_int4_half_split_parts
     from loader_plugin_gguf.q4_blocks import HalfSplitRows
 
     with tempfile.TemporaryDirectory() as cache:

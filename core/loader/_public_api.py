@@ -2,7 +2,7 @@
 
 A plugin may import the modules in :data:`PUBLIC_MODULES` and, from each, the
 names in its ``__all__``; every other ``loader`` module (all of them
-underscore-prefixed, plus the submodules of :mod:`loader.layers`) is internal
+underscore-prefixed, plus the submodules of :mod:`loader.layers` and :mod:`loader.kernels`) is internal
 and may change without notice. :func:`private_imports` finds the imports of a
 Python source that reach past that surface; the tests run it over every
 in-tree plugin, the fixture plugin and the docs' examples.
@@ -33,6 +33,7 @@ PUBLIC_MODULES = (
     "loader.errors",
     "loader.hookspecs",
     "loader.io",
+    "loader.kernels",
     "loader.layers",
     "loader.lazy",
     "loader.models",

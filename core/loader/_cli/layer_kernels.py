@@ -2,9 +2,10 @@
 
 A quantization's ``describe()`` may hold ``layers``: ``{prefix: {"kernel":
 ..., "reason": ..., ...}}`` (what each layer runs with and, when it is not
-the preferred kernel, why), and :meth:`~loader.layers.QuantizeMethodBase.layer_plan`
-gives the same records before loading. Any plugin's records print here;
-keys beyond ``kernel`` and ``reason`` (``packed_bytes``) become columns.
+the preferred kernel, why: each a :meth:`loader.kernels.KernelChoice.record`),
+and :meth:`~loader.layers.QuantizeMethodBase.layer_plan` gives the same
+records before loading. Any plugin's records print here; keys beyond
+``kernel`` and ``reason`` (``types``, ``packed_bytes``) become columns.
 """
 
 from __future__ import annotations

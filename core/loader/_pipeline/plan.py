@@ -2,8 +2,9 @@
 
 ``loader inspect --layers`` shows it. Building on ``meta`` allocates and
 reads nothing, and :meth:`~loader.layers.QuantizeMethodBase.layer_plan`
-answers from shapes and the config alone, so a plan costs the config and
-the checkpoint's headers, however large the weights are.
+answers from shapes and the config alone (a :class:`~loader.kernels.KernelChoice`,
+recorded as the load reports it), so a plan costs the config and the
+checkpoint's headers, however large the weights are.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import attrs
 from .._plugins import PluginHost
 from .._session import LoadSession, current_session, load_session
 from ..errors import LoadError, PluginError
+from ..kernels.choice import KernelChoice
 from .load import _build, build_options, resolve_options
 from .prepare import prepare_checkpoint
 
@@ -69,4 +71,10 @@ def _plan(module: Any, name: str, quant_config: Any) -> dict[str, Any] | None:
         owner = getattr(quant_config, "name", None) or type(method).__name__
         raise PluginError(f"quantization {owner!r} failed in layer_plan for {name}: "
                           f"{type(exc).__name__}: {exc}") from exc
-    return None if plan is None else dict(plan)
+    if plan is None:
+        return None
+    if not isinstance(plan, KernelChoice):
+        owner = getattr(quant_config, "name", None) or type(method).__name__
+        raise PluginError(f"quantization {owner!r}: layer_plan for {name} returned {type(plan).__name__}, not a "
+                          "loader.kernels.KernelChoice")
+    return plan.record()

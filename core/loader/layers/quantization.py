@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import attrs
 
 from ..errors import FusedLayerSkipError, LoadError, PluginError
+from ..kernels.choice import KernelChoice
 from .param_layout import ParamLayout, WeightLoader, set_param_layout
 
 if TYPE_CHECKING:
@@ -242,16 +243,16 @@ class QuantizeMethodBase(abc.ABC):
     def process_weights_after_loading(self, layer: nn.Module) -> None:  # noqa: B027 - optional step
         """Finish the layout after loading (repack, permute); default: nothing."""
 
-    def layer_plan(self, layer: nn.Module) -> dict[str, Any] | None:
+    def layer_plan(self, layer: nn.Module) -> KernelChoice | None:
         """What this layer would run with, decided from its shapes and the config alone, or ``None`` when only
         its weights can tell.
 
         ``loader inspect --layers`` builds the model on the ``meta`` device and
-        calls this for every layer, so it must read no tensor data. The record
-        has the keys a method's per-layer load record has — ``kernel`` and
-        ``reason`` (why it is not the preferred kernel, or ``None``), plus any
-        of its own (``packed_bytes``) — so the CLI shows plans and load
-        results the same way (default: ``None``).
+        calls this for every layer, so it must read no tensor data. The
+        :class:`~loader.kernels.KernelChoice` is the one the method records
+        for the layer at load — ``kernel``, ``reason`` (why it is not the
+        preferred kernel, or ``None``) and what it runs from — so the CLI
+        shows plans and load results the same way (default: ``None``).
         """
         return None
 
@@ -321,9 +322,9 @@ class UnquantizedLinearMethod(LinearMethodBase):
         set_param_layout(weight, ParamLayout(weight_loader=shape.weight_loader, output_dim=0, input_dim=1))
         layer.register_parameter("weight", weight)
 
-    def layer_plan(self, layer: nn.Module) -> dict[str, Any] | None:
+    def layer_plan(self, layer: nn.Module) -> KernelChoice | None:
         """A dense layer: the checkpoint (or the quantization's skip list) keeps it unquantized."""
-        return {"kernel": "dense", "reason": None}
+        return KernelChoice("dense")
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         from typing import cast

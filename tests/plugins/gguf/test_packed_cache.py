@@ -283,7 +283,7 @@ def test_bundles_beyond_the_size_limit_go_least_recently_used_first(tmp_path, ca
 
 
 def test_the_salt_names_the_plugin_s_packing_code_and_the_core_s_layout() -> None:
-    from loader.layers import packed_layout_fingerprint
+    from loader.kernels import packed_layout_fingerprint
 
     salt = packed_cache._salt()
     assert salt == {"format": packed_cache.FORMAT, "code": salt["code"], "core": packed_layout_fingerprint()}

@@ -8,7 +8,7 @@ import attrs
 import pytest
 import torch
 
-from loader_plugin_marlin.config import KernelChoice
+from loader.kernels import KernelChoice
 from loader_plugin_marlin.gptq_format import gptq_to_quantized
 from loader_plugin_marlin.kernels import choose_kernel, kernel_group
 from tests.helpers.gptq_checkpoints import dequantize, pack_gptq, quantize

@@ -12,7 +12,7 @@ tensor and indexing it. Stored per type:
   ``q - 32`` ``[cols / 16, rows, 16]``, scales ``d*sc`` — 1.4 bytes a value
   instead of float32's 4, for the Q6_K embeddings and heads of llama.cpp's
   ``_M`` files. A Q8_0 table with a head (``int4x2``) keeps its codes as the
-  head's two int4 planes instead (:mod:`loader.layers.int8_cpu`: one call of
+  head's two int4 planes instead (:func:`loader.kernels.pack_int8_grouped`: one call of
   torch's int4 kernel over the high and low nibbles, ~3 ms a token for
   SmolLM2's head against ~7 ms for the per-block int8 calls below) and reads
   looked-up rows back from them, so rows stay bit-equal. Otherwise the layout
@@ -39,26 +39,31 @@ one loaded to a device other than the CPU.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import attrs
 import torch
 from gguf.constants import GGMLQuantizationType
 
 from loader.errors import CheckpointFormatError, UnsupportedError
-from loader.layers import (
-    EmbeddingMethodBase,
-    EmbeddingShape,
+from loader.kernels import (
     Int4CpuWeight,
     Int8GroupedWeight,
-    LinearMethodBase,
-    LinearShape,
-    ParamLayout,
-    VocabParallelEmbedding,
+    KernelChoice,
+    KernelOption,
+    choose_kernel,
     int4_unsupported_reason,
     int8_grouped_unsupported_reason,
     pack_int4,
     pack_int8_grouped,
+)
+from loader.layers import (
+    EmbeddingMethodBase,
+    EmbeddingShape,
+    LinearMethodBase,
+    LinearShape,
+    ParamLayout,
+    VocabParallelEmbedding,
     set_param_layout,
 )
 from loader.models import all_gather
@@ -66,7 +71,7 @@ from loader.models import all_gather
 from .dequantize import block_shape, dequantize_into
 from .kernels_kquants import q6_k_codes
 from .kernels_legacy import half_at
-from .packed_linear import METHOD_NAME, LayerChoice, dtype_name, kernel_dtype_for
+from .packed_linear import FALLBACK, METHOD_NAME, dtype_name, kernel_dtype_for
 from .q4_blocks import GROUP_SIZE, PACKED_TYPES, affine_rows, int8_rows
 from .tensors import GGUFTensor
 
@@ -101,7 +106,7 @@ class GGUFEmbeddingState:
     """False for an untied output head (:class:`GGUFHeadMethod`): nothing is looked up, rows only refine logits."""
     ggml_type: int | None = None
     kernel_dtype: torch.dtype = torch.bfloat16
-    choice: LayerChoice | None = None
+    choice: KernelChoice | None = None
 
 
 def _kept_bytes(state: GGUFEmbeddingState, kernel: str, window: GGUFTensor) -> int:
@@ -193,45 +198,44 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         window = state.part.narrowed
         assert isinstance(window, GGUFTensor)
         device = _buffer(layer, "weight").device
-        kernel, reason = self._decide(state, window, device)
-        types = (window.stored_type,)
+        choice = self._decide(state, window, device)
         real = window.shape[0]
         delattr(layer, "weight")
-        if kernel == "dequantized":
+        if choice.kernel == FALLBACK:
             dense = torch.zeros(state.rows, state.cols, dtype=state.params_dtype, device=device)
             dense[:real].copy_(window.read(state.params_dtype))
             layer.register_parameter("weight", torch.nn.Parameter(dense, requires_grad=False))
-            state.choice = LayerChoice(kernel, types, 0, reason, dtype_name(state.params_dtype))
+            state.choice = choice
         else:
-            state.choice = LayerChoice(kernel, types, self._keep(layer, state, window, kernel))
+            state.choice = attrs.evolve(choice, packed_bytes=self._keep(layer, state, window, choice.kernel))
         state.part = None
         self.config.layer_log[state.prefix] = state.choice
 
-    def _decide(self, state: GGUFEmbeddingState, window: GGUFTensor,
-                device: torch.device) -> tuple[str, str | None]:
-        """The kernel (``dequantized``, ``int8``, ``int4x2``, ``blocks`` or ``blocks+int4``) and why it fell back.
+    def _decide(self, state: GGUFEmbeddingState, window: GGUFTensor, device: torch.device) -> KernelChoice:
+        """The kernel (``int8``, ``int4x2``, ``blocks`` or ``blocks+int4``, else ``dequantized`` with the reason).
 
         From the block type, the tied head and the device alone: the load and
-        :meth:`layer_plan` both decide here. Sets the state's type and kernel dtype.
+        :meth:`layer_plan` both decide here (the bytes kept are filled in
+        after). Sets the state's type and kernel dtype.
         """
         state.ggml_type = window.info.ggml_type
         state.kernel_dtype = self.config.kernel_dtype or kernel_dtype_for(state.params_dtype)
-        reason = self._fallback_reason(state, window, device)
-        if reason is not None:
-            return "dequantized", reason
         if state.ggml_type in INT8_BLOCKS:
-            return ("int4x2" if self._int4x2_head(state) else "int8"), None
-        return ("blocks+int4" if state.tied else "blocks"), None
+            preferred = "int4x2" if self._int4x2_head(state) else "int8"
+        else:
+            preferred = "blocks+int4" if state.tied else "blocks"
+        return choose_kernel([KernelOption(preferred, self._fallback_reason(state, window, device))], FALLBACK,
+                             types=(window.stored_type,), dtype=dtype_name(state.params_dtype))
 
     @staticmethod
     def _int4x2_head(state: GGUFEmbeddingState) -> bool:
-        """Whether a Q8_0 head runs as two int4 planes (:mod:`loader.layers.int8_cpu`): one int4 call instead
-        of the int8 kernel's one call per 32-column block. Not for lookups alone (the int8 codes are copied
+        """Whether a Q8_0 head runs as two int4 planes (:class:`loader.kernels.Int8GroupedWeight`): one int4
+        call instead of the int8 kernel's one call per 32-column block. Not for lookups alone (the int8 codes are copied
         faster), nor with the float32 kernel (torch's int4 kernel is slow there; the int8 one is exact)."""
         return (state.tied and state.ggml_type == Q.Q8_0 and state.kernel_dtype != torch.float32
                 and int8_grouped_unsupported_reason(state.rows, state.cols) is None)
 
-    def layer_plan(self, layer: nn.Module) -> dict[str, Any] | None:
+    def layer_plan(self, layer: nn.Module) -> KernelChoice | None:
         """What :meth:`process_weights_after_loading` will record, from the GGUF header alone (nothing read)."""
         from loader.models import current_session
 
@@ -239,16 +243,14 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
 
         state = self.layer_state(layer, GGUFEmbeddingState)
         if state.choice is not None:
-            return attrs.asdict(state.choice)
+            return state.choice
         try:
             if not fill_from_header(self.config, layer) or state.part is None:
                 return None
             window = state.part.narrowed
             assert isinstance(window, GGUFTensor)
-            kernel, reason = self._decide(state, window, current_session().device)
-            size = _kept_bytes(state, kernel, window)
-            dtype = dtype_name(state.params_dtype) if kernel == "dequantized" else None
-            return attrs.asdict(LayerChoice(kernel, (window.stored_type,), size, reason, dtype))
+            choice = self._decide(state, window, current_session().device)
+            return attrs.evolve(choice, packed_bytes=_kept_bytes(state, choice.kernel, window))
         finally:
             state.part = None
 
@@ -273,7 +275,7 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
 
     def embedding(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         state = self._state(layer)
-        kernel = cast(LayerChoice, state.choice).kernel
+        kernel = cast(KernelChoice, state.choice).kernel
         if kernel == "dequantized":
             return torch.nn.functional.embedding(ids, _buffer(layer, "weight"))
         return self._exact_rows(layer, state, ids).to(state.params_dtype)
@@ -282,7 +284,7 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
     def _exact_rows(layer: nn.Module, state: GGUFEmbeddingState, ids: torch.Tensor) -> torch.Tensor:
         """The rows ``ids`` of the kept blocks, float32 ``[*ids.shape, cols]``: exact, whatever the load's dtype."""
         flat = ids.reshape(-1)
-        if cast(LayerChoice, state.choice).kernel == "int4x2":
+        if cast(KernelChoice, state.choice).kernel == "int4x2":
             groups = state.cols // INT8_BLOCKS[Q.Q8_0]
             codes = _int8_planes(layer, state).codes(flat).view(-1, groups, INT8_BLOCKS[Q.Q8_0])
             scales = _buffer(layer, "q8_scales")[:, flat].t()  # [n, groups]
@@ -304,7 +306,7 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         (:meth:`_refine_top`), for bfloat16 activations too.
         """
         state = self._state(layer)
-        kernel = cast(LayerChoice, state.choice).kernel
+        kernel = cast(KernelChoice, state.choice).kernel
         if kernel == "dequantized":
             return torch.nn.functional.linear(x, _buffer(layer, "weight"), bias)
         if kernel not in ("int8", "int4x2", "blocks+int4"):
@@ -404,7 +406,7 @@ class GGUFHeadMethod(LinearMethodBase):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         self._embedding.process_weights_after_loading(layer)
 
-    def layer_plan(self, layer: nn.Module) -> dict[str, Any] | None:
+    def layer_plan(self, layer: nn.Module) -> KernelChoice | None:
         return self._embedding.layer_plan(layer)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

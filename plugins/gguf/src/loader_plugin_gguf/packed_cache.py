@@ -137,17 +137,17 @@ _SALT_LOCK = threading.Lock()
 
 def _salt() -> dict[str, Any]:
     """What decides the packed bytes besides the source: this plugin's packing code (its source files' digest)
-    and the core's (:func:`loader.layers.packed_layout_fingerprint`: torch's version and int4 layout, the CPU
+    and the core's (:func:`loader.kernels.packed_layout_fingerprint`: torch's version and int4 layout, the CPU
     capability, the core's packers). Computed once a process."""
     global _SALT
     with _SALT_LOCK:
         if _SALT is None:
-            from loader.layers import packed_layout_fingerprint
+            from loader.kernels import packed_layout_fingerprint
 
             here = Path(__file__).resolve().parent
             digest = hashlib.sha256()
-            for name in ("embedding.py", "kernels_kquants.py", "kernels_legacy.py", "packed_cache.py",
-                         "packed_linear.py", "q4_blocks.py", "tensors.py"):
+            for name in ("embedding.py", "half_split.py", "kernels_kquants.py", "kernels_legacy.py",
+                         "packed_cache.py", "packed_linear.py", "q4_blocks.py", "tensors.py"):
                 digest.update(name.encode() + b"\0" + (here / name).read_bytes())
             _SALT = {"format": FORMAT, "code": digest.hexdigest(), "core": packed_layout_fingerprint()}
         return _SALT

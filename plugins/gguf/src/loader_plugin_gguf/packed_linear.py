@@ -10,10 +10,10 @@ as for every method, and the part handed to :meth:`GGUFLinearMethod._record`
 is only remembered (nothing is read). After loading, every part of the layer
 is decoded from its blocks into codes, scales and biases (:mod:`.q4_blocks`;
 llama.cpp's q/k rotary interleave is undone on the block rows) and packed by
-:func:`loader.layers.pack_int4` — Q4_0/Q4_1 by :func:`loader.layers.pack_int4_half_split_parts`
+:func:`loader.kernels.pack_int4` — Q4_0/Q4_1 by :func:`~loader_plugin_gguf.half_split.pack_int4_half_split_parts`
 straight from the blocks' nibbles (unpacking every code to a byte first was
 half of a SmolLM2 load). A Q8_0 layer keeps its int8 codes as two int4
-planes of the same kernel (``int4x2``, :func:`loader.layers.pack_int8_grouped`:
+planes of the same kernel (``int4x2``, :func:`loader.kernels.pack_int8_grouped`:
 ``c d = (h - 8) 16d + (l - 8) d + 8d`` for the codes' high and low nibbles),
 a byte a value where dequantized bfloat16 holds two.
 
@@ -75,9 +75,20 @@ import attrs
 import torch
 
 from loader.errors import CheckpointFormatError, UnsupportedError
-from loader.layers import (
+from loader.kernels import (
     Int4CpuWeight,
     Int8GroupedWeight,
+    KernelChoice,
+    KernelOption,
+    choose_kernel,
+    int4_unsupported_reason,
+    int8_grouped_unsupported_reason,
+    native_repack,
+    native_repack_unavailable_reason,
+    pack_int4,
+    pack_int8_grouped,
+)
+from loader.layers import (
     LinearBase,
     LinearMethodBase,
     LinearShape,
@@ -86,18 +97,12 @@ from loader.layers import (
     QuantizationConfig,
     RowParallelLinear,
     VocabParallelEmbedding,
-    int4_unsupported_reason,
-    int8_grouped_unsupported_reason,
-    native_repack,
-    native_repack_unavailable_reason,
-    pack_int4,
-    pack_int4_half_split_parts,
-    pack_int8_grouped,
     set_param_layout,
 )
 from loader.models import all_gather
 from loader.weights import CheckpointTensor, RowPermutedTensor
 
+from .half_split import pack_int4_half_split_parts
 from .q4_blocks import (
     GROUP_SIZE,
     HALF_SPLIT_TYPES,
@@ -119,7 +124,7 @@ if TYPE_CHECKING:
 
     from .packed_cache import PackedCache
 
-__all__ = ["METHOD_NAME", "GGUFLayerState", "GGUFLinearMethod", "GGUFQuantConfig", "LayerChoice", "LayerSegment",
+__all__ = ["METHOD_NAME", "GGUFLayerState", "GGUFLinearMethod", "GGUFQuantConfig", "LayerSegment",
            "RankSplit",
            "dtype_name", "kernel_dtype_for", "kernel_dtype_requested", "packing_requested"]
 
@@ -173,20 +178,6 @@ def kernel_dtype_requested(options: LoadOptions) -> torch.dtype | None:
     return choices[text]
 
 
-@attrs.frozen
-class LayerChoice:
-    """How one layer computes: ``int4`` (packed) or ``dequantized``, from which block types, and why.
-
-    ``dtype``: what a dequantized layer holds (``None`` for a packed one).
-    """
-
-    kernel: str
-    types: tuple[str, ...]
-    packed_bytes: int = 0
-    reason: str | None = None
-    dtype: str | None = None
-
-
 _FLOAT_TYPE_NAMES = ("F32", "F16", "BF16", "F64")
 _PACKED_CACHE_LOCK = threading.Lock()
 """Guards making a config's :class:`~loader_plugin_gguf.packed_cache.PackedCache` (layers ask from worker threads);
@@ -212,7 +203,7 @@ class GGUFQuantConfig(QuantizationConfig):
     head_type: int | None = None
     """The ggml type of the file's own ``output.weight`` (``None``: the head is tied to the embedding). A type
     with a head kernel is kept by :class:`~loader_plugin_gguf.embedding.GGUFHeadMethod`."""
-    layer_log: dict[str, LayerChoice] = attrs.field(factory=dict, eq=False)
+    layer_log: dict[str, KernelChoice] = attrs.field(factory=dict, eq=False)
     files: tuple[str, ...] = attrs.field(default=(), eq=False)
     """The load's GGUF files, whose headers ``layer_plan`` plans from (empty: layers are decided at load)."""
     use_packed_cache: bool = attrs.field(default=False, eq=False)
@@ -290,7 +281,7 @@ class GGUFQuantConfig(QuantizationConfig):
             "dense_dtype": None if self.dense_dtype is None else dtype_name(self.dense_dtype),
             "packed_bytes": sum(choice.packed_bytes for choice in self.layer_log.values()),
             "packing": _packing(counts),
-            "layers": {prefix: attrs.asdict(choice) for prefix, choice in sorted(self.layer_log.items())},
+            "layers": {prefix: choice.record() for prefix, choice in sorted(self.layer_log.items())},
             "packed_cache": (self._packed_cache.describe() if self._packed_cache is not None
                              else self._packed_cache_report),
         }
@@ -314,7 +305,7 @@ class GGUFQuantConfig(QuantizationConfig):
 
 
 def _packing(kernels: dict[str, int]) -> str | None:
-    """What packed this load's int4 layers: ``compiled`` (:func:`loader.layers.native_repack`'s helpers, for
+    """What packed this load's int4 layers: ``compiled`` (:func:`loader.kernels.native_repack`'s helpers, for
     Q4_0/Q4_1 codes and Q8_0 planes) or ``torch: <why not>``; ``None`` when no layer is on the int4 kernel."""
     if not any("int4" in kernel for kernel in kernels):
         return None
@@ -350,7 +341,7 @@ class GGUFLayerState:
     cols: int
     params_dtype: torch.dtype
     parts: list[NarrowedPart] = attrs.field(factory=list)
-    choice: LayerChoice | None = None
+    choice: KernelChoice | None = None
     split: RankSplit | None = None
     row_window: tuple[int, int] | None = None
     """``(first row, rows)`` this rank computes over the gathered input; ``None``: the layer's own split."""
@@ -365,8 +356,8 @@ class LayerSegment:
     """Output rows ``[start, start + rows)`` of a fused layer computed by one kernel.
 
     :ivar kernel: ``int4``, ``int4x2`` or ``dequantized``.
-    :ivar weight: an :class:`~loader.layers.Int4CpuWeight` (``int4``), an
-        :class:`~loader.layers.Int8GroupedWeight` (``int4x2``) or the dense weight ``[rows, cols]``.
+    :ivar weight: an :class:`~loader.kernels.Int4CpuWeight` (``int4``), an
+        :class:`~loader.kernels.Int8GroupedWeight` (``int4x2``) or the dense weight ``[rows, cols]``.
     """
 
     start: int
@@ -407,7 +398,9 @@ class _PlannedSegment:
     reason: str | None = None
 
 
-_KERNEL_ORDER = ("int4", "int4x2", "dequantized")
+FALLBACK = "dequantized"
+"""The kernel of a layer no packed kernel takes: its weight dequantized at load."""
+_KERNEL_ORDER = ("int4", "int4x2", FALLBACK)
 
 
 class GGUFLinearMethod(LinearMethodBase):
@@ -487,40 +480,38 @@ class GGUFLinearMethod(LinearMethodBase):
                                            (n, state.cols * state.split.size), None, (start, n)))
         reasons = []
         for candidate in candidates:
-            kernel, reason = self._kernel(state, candidate, parts)
-            if reason is None:
-                return attrs.evolve(candidate, kernel=kernel)
-            reasons.append(reason)
+            choice = self._kernel(state, candidate, parts)
+            if choice.reason is None:
+                return attrs.evolve(candidate, kernel=choice.kernel)
+            reasons.append(choice.reason)
         if len(candidates) == 1:
             return attrs.evolve(own, reason=reasons[0])
         # dequantized too, a row window computes what tp=1 does (no partial sums in a narrow dtype)
         return attrs.evolve(candidates[0], reason=f"this rank's rows: {reasons[0]}; its columns: {reasons[1]}")
 
     def _part_kernels(self, state: GGUFLayerState, candidate: _Decision,
-                      parts: list[NarrowedPart]) -> list[tuple[str, str | None]]:
+                      parts: list[NarrowedPart]) -> list[KernelChoice]:
         """Each part's kernel (``int4``, ``int4x2``) or ``dequantized`` with the reason, from its block type."""
-        kernels: list[tuple[str, str | None]] = []
+        kernels: list[KernelChoice] = []
         for (_, tensor), part in zip(candidate.tensors, parts, strict=True):
             found, kernel = packing_reason(tensor), kernel_for(tensor)
             if found is None and kernel == "int4x2" and self._kernel_dtype(state) == torch.float32:
                 found = f"ggml type {tensor.stored_type} runs as two int4 planes only in bfloat16/float16"
-            if found is not None:
-                kernels.append(("dequantized", found if part.shard_id is None else f"part {part.shard_id!r}: {found}"))
-            else:
-                kernels.append((kernel, None))
+            if found is not None and part.shard_id is not None:
+                found = f"part {part.shard_id!r}: {found}"
+            kernels.append(choose_kernel([KernelOption(kernel, found)], FALLBACK))
         return kernels
 
-    def _kernel(self, state: GGUFLayerState, candidate: _Decision,
-                parts: list[NarrowedPart]) -> tuple[str, str | None]:
+    def _kernel(self, state: GGUFLayerState, candidate: _Decision, parts: list[NarrowedPart]) -> KernelChoice:
         """The kernel every part of ``candidate`` can run on, or why the layer is dequantized."""
         kernels = self._part_kernels(state, candidate, parts)
-        reason = next((found for _, found in kernels if found is not None), None)
-        if reason is not None:
-            return "dequantized", reason
-        kernel = kernels[0][0]
+        refused = next((choice for choice in kernels if choice.reason is not None), None)
+        if refused is not None:
+            return refused
+        kernel = kernels[0].kernel
         # parts needing different kernels were split into segments first (:meth:`_segments`)
-        assert all(other == kernel for other, _ in kernels), kernels
-        return kernel, self._shape_reason(kernel, *candidate.shape)
+        assert all(choice.kernel == kernel for choice in kernels), kernels
+        return choose_kernel([KernelOption(kernel, self._shape_reason(kernel, *candidate.shape))], FALLBACK)
 
     @staticmethod
     def _shape_reason(kernel: str, rows: int, cols: int) -> str | None:
@@ -541,21 +532,21 @@ class GGUFLinearMethod(LinearMethodBase):
         dequantized runs are one dense weight.
         """
         kernels = self._part_kernels(state, own, parts)
-        if len({kernel for kernel, _ in kernels}) < 2:
+        if len({choice.kernel for choice in kernels}) < 2:
             return ()
         runs: list[list[int]] = []
-        for index, (kernel, _) in enumerate(kernels):
-            if runs and kernels[runs[-1][0]][0] == kernel:
+        for index, choice in enumerate(kernels):
+            if runs and kernels[runs[-1][0]].kernel == choice.kernel:
                 runs[-1].append(index)
             else:
                 runs.append([index])
         planned: list[_PlannedSegment] = []
         for run in runs:
-            kernel = kernels[run[0]][0]
+            kernel = kernels[run[0]].kernel
             rows = sum(parts[i].size for i in run)
             tensors = [own.tensors[i][1] for i in run]
             types = tuple(own.types[i] for i in run)
-            reason = "; ".join(str(kernels[i][1]) for i in run) if kernel == "dequantized" else None
+            reason = "; ".join(str(kernels[i].reason) for i in run) if kernel == FALLBACK else None
             if reason is None and (refused := self._shape_reason(kernel, rows, state.cols)) is not None:
                 ids = ", ".join(repr(parts[i].shard_id) for i in run)
                 kernel, reason = "dequantized", f"part{'s' if len(run) > 1 else ''} {ids}: {refused}"
@@ -593,17 +584,17 @@ class GGUFLinearMethod(LinearMethodBase):
         elif decision.reason is None:
             tensors = [tensor for _, tensor in decision.tensors]
             size = self._keep_packed(layer, "", self._packed(decision.kernel, tensors, self._kernel_dtype(state)))
-            state.choice = LayerChoice(decision.kernel, decision.types, size)
+            state.choice = KernelChoice(decision.kernel, None, decision.types, size)
         else:
             dtype = self._dense_dtype(state, decision.types)
             dense = self._dense([tensor for _, tensor in decision.tensors], decision.shape, dtype, device)
             layer.register_parameter("weight", torch.nn.Parameter(dense, requires_grad=False))
-            state.choice = LayerChoice("dequantized", decision.types, 0, decision.reason, dtype_name(dtype))
+            state.choice = KernelChoice(FALLBACK, decision.reason, decision.types, 0, dtype_name(dtype))
         state.row_window = decision.row_window
         state.parts.clear()
         self.config.layer_log[state.prefix] = state.choice
 
-    def _keep_segments(self, layer: nn.Module, state: GGUFLayerState, decision: _Decision) -> LayerChoice:
+    def _keep_segments(self, layer: nn.Module, state: GGUFLayerState, decision: _Decision) -> KernelChoice:
         """Each run of parts packed on its kernel or dequantized: buffers ``segment{i}_*``, or ``segment{i}_weight``."""
         kernel_dtype = self._kernel_dtype(state)
         packed_bytes, dense_dtype = 0, None
@@ -618,7 +609,7 @@ class GGUFLinearMethod(LinearMethodBase):
             packed_bytes += self._keep_packed(layer, f"{name}_",
                                               self._packed(segment.kernel, segment.tensors, kernel_dtype))
         state.segments = self._segment_weights(layer, decision.segments, state.cols)
-        return LayerChoice(decision.kernel, decision.types, packed_bytes, decision.reason, dense_dtype)
+        return KernelChoice(decision.kernel, decision.reason, decision.types, packed_bytes, dense_dtype)
 
     def _packed(self, kernel: str, tensors: list[CheckpointTensor], dtype: torch.dtype) -> Int4CpuWeight:
         """``tensors`` (in row order) in torch's int4 layout: Q4 blocks as they are, Q8_0 as its two planes;
@@ -730,7 +721,7 @@ class GGUFLinearMethod(LinearMethodBase):
             outs.append(weight.matmul(kernel_input).to(x.dtype))
         return torch.cat(outs, dim=-1)
 
-    def layer_plan(self, layer: nn.Module) -> dict[str, Any] | None:
+    def layer_plan(self, layer: nn.Module) -> KernelChoice | None:
         """What :meth:`process_weights_after_loading` will record for this layer, from the GGUF header alone.
 
         The layer's own loader is handed the checkpoint tensors a load hands it
@@ -745,7 +736,7 @@ class GGUFLinearMethod(LinearMethodBase):
 
         state = self.layer_state(layer, GGUFLayerState)
         if state.choice is not None:
-            return attrs.asdict(state.choice)
+            return state.choice
         try:
             if not fill_from_header(self.config, layer):
                 return None
@@ -758,12 +749,12 @@ class GGUFLinearMethod(LinearMethodBase):
                        for s in decision.segments if s.kernel != "dequantized")
             dense = [s for s in decision.segments if s.kernel == "dequantized"]
             dtype_of = dtype_name(self._dense_dtype(state, dense[0].types)) if dense else None
-            return attrs.asdict(LayerChoice(decision.kernel, decision.types, size, decision.reason, dtype_of))
+            return KernelChoice(decision.kernel, decision.reason, decision.types, size, dtype_of)
         if decision.reason is None:
             size = self._packed_bytes(decision.kernel, *decision.shape, self._kernel_dtype(state))
-            return attrs.asdict(LayerChoice(decision.kernel, decision.types, size))
+            return KernelChoice(decision.kernel, None, decision.types, size)
         dtype = dtype_name(self._dense_dtype(state, decision.types))
-        return attrs.asdict(LayerChoice("dequantized", decision.types, 0, decision.reason, dtype))
+        return KernelChoice(FALLBACK, decision.reason, decision.types, 0, dtype)
 
     @staticmethod
     def _pack(parts: list[CheckpointTensor], dtype: torch.dtype) -> Int4CpuWeight:
@@ -796,8 +787,8 @@ class GGUFLinearMethod(LinearMethodBase):
         """The layer's packed weight (built on its current buffers), ``None`` when it was dequantized or is
         split into segments (:meth:`segments`).
 
-        An :class:`~loader.layers.Int4CpuWeight` for Q4 blocks (``int4``), an
-        :class:`~loader.layers.Int8GroupedWeight` for Q8_0 (``int4x2``, float32 results).
+        An :class:`~loader.kernels.Int4CpuWeight` for Q4 blocks (``int4``), an
+        :class:`~loader.kernels.Int8GroupedWeight` for Q8_0 (``int4x2``, float32 results).
         """
         return self._int4_weight(layer, self.layer_state(layer, GGUFLayerState))
 

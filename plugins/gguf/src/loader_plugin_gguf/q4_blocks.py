@@ -1,7 +1,7 @@
 """GGUF Q4_0 / Q4_1 / Q4_K blocks as an affine 4-bit weight: codes, per-32-group scales and biases.
 
 All three types are exact affine maps per group of 32 input columns, so they fit
-:func:`loader.layers.pack_int4` without re-quantizing anything:
+:func:`loader.kernels.pack_int4` without re-quantizing anything:
 
 - Q4_0 (``d: f16, qs[16]``): ``w = d * (q - 8)``, i.e. scale ``d``, bias ``-8 d``;
 - Q4_1 (``d: f16, m: f16, qs[16]``): ``w = d * q + m``, i.e. scale ``d``, bias ``m``
@@ -23,7 +23,7 @@ import attrs
 import torch
 from gguf.constants import GGMLQuantizationType
 
-from loader.layers import native_repack
+from loader.kernels import native_repack
 from loader.weights import CheckpointTensor, RowPermutedTensor
 
 from .dequantize import block_shape
@@ -41,7 +41,7 @@ PACKED_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q4_K)
 """Block types kept packed: the ones whose blocks are exactly ``code * scale + bias`` per 32 columns."""
 INT4X2_TYPES = (Q.Q8_0,)
 """Block types kept as int8 codes with one scale per 32 columns, run as two int4 planes
-(:func:`loader.layers.pack_int8_grouped`): ``w = d * q``, ``q`` in ``[-128, 127]``."""
+(:func:`loader.kernels.pack_int8_grouped`): ``w = d * q``, ``q`` in ``[-128, 127]``."""
 HALF_SPLIT_TYPES = (Q.Q4_0, Q.Q4_1)
 """Block types whose 32-value blocks store codes two per byte, column ``p`` low and ``p + 16`` high."""
 
@@ -64,7 +64,7 @@ class AffineRows:
 
 @attrs.frozen(eq=False)
 class HalfSplitRows:
-    """One Q4_0/Q4_1 part still two codes per byte, for :func:`loader.layers.pack_int4_half_split_parts`.
+    """One Q4_0/Q4_1 part still two codes per byte, for :func:`~.half_split.pack_int4_half_split_parts`.
 
     :ivar blocks: uint8 ``[stored rows, cols / 32, size]``, the part's whole blocks as read (a view, not a copy).
     :ivar field_count: float16 fields leading each block: 1 (Q4_0: ``d``) or 2 (Q4_1: ``d, m``).
@@ -250,7 +250,7 @@ def half_split_rows(tensor: CheckpointTensor) -> HalfSplitRows:
     """A Q4_0/Q4_1 part's codes left two per byte, with its scales and biases (:func:`packing_reason` ``None``).
 
     Why: repacked straight from these bytes, a layer never holds a byte per
-    code (:func:`loader.layers.pack_int4_half_split`); the weight is the one
+    code (:func:`~loader_plugin_gguf.half_split.pack_int4_half_split`); the weight is the one
     :func:`affine_rows` describes.
     """
     window, raw, _, order = _blocks_and_order(tensor)

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 import attrs
 import torch
 
-from loader.layers import Int4CpuWeight
+from loader.kernels import Int4CpuWeight
 
 from .kernels import Int4Kernel, choose_kernel
 from .layer_geometry import LayerGeometry

@@ -27,12 +27,13 @@ from loader.layers import QuantizationConfig
 if TYPE_CHECKING:
     from torch import nn
 
+    from loader.kernels import KernelChoice
     from loader.layers import QuantizeMethodBase
 
     from .param_specs import CheckpointLayout
 
-__all__ = ["BITS", "CHECKPOINT_FORMATS", "KERNELS", "METHOD_NAME", "DynamicRule", "GPTQConfig", "KernelChoice",
-           "PackedQuantConfig", "check_flag", "config_from_checkpoint", "kernel_option", "module_list"]
+__all__ = ["BITS", "CHECKPOINT_FORMATS", "KERNELS", "METHOD_NAME", "DynamicRule", "GPTQConfig", "PackedQuantConfig",
+           "check_flag", "config_from_checkpoint", "kernel_option", "module_list"]
 
 METHOD_NAME = "gptq"
 BITS = (4, 8)
@@ -41,14 +42,6 @@ CHECKPOINT_FORMATS = ("gptq", "gptq_v2")
 KERNELS = ("auto", "marlin", "int4pack", "int8pack", "dequantize")
 """``auto`` picks per layer (Marlin on CUDA, the packed kernels on CPU); the others force one kernel (layers it
 cannot take fall back to ``dequantize``, with the reason)."""
-
-
-@attrs.frozen
-class KernelChoice:
-    """The kernel one layer runs with, and why when it is not the preferred one."""
-
-    kernel: str
-    reason: str | None = None
 
 
 def _matches(prefix: str, module: str) -> bool:
@@ -67,7 +60,7 @@ class PackedQuantConfig(QuantizationConfig):
     :ivar kernel: ``quantization_options["kernel"]``, see :data:`KERNELS`.
     :ivar skip_modules: modules the checkpoint keeps in floating point.
     :ivar lm_head: the checkpoint quantizes the output head too (GPTQ ``lm_head: true``).
-    :ivar kernel_log: each quantized layer's :class:`KernelChoice`, filled after loading.
+    :ivar kernel_log: each quantized layer's :class:`~loader.kernels.KernelChoice`, filled after loading.
     """
 
     bits: int = 4
@@ -97,7 +90,7 @@ class PackedQuantConfig(QuantizationConfig):
             "method": self.name, "bits": self.bits, "group_size": self.group_size, "act_order": self.act_order,
             "sym": self.sym, "kernel": self.kernel, "skip_modules": list(self.skip_modules), "lm_head": self.lm_head,
             "kernels": counts,
-            "layers": {prefix: attrs.asdict(choice) for prefix, choice in sorted(self.kernel_log.items())},
+            "layers": {prefix: choice.record() for prefix, choice in sorted(self.kernel_log.items())},
         }
 
     def ignores(self, prefix: str) -> bool:

@@ -3,7 +3,7 @@
 On the CPU: torch's packed int4 kernel for 4-bit weights, its int8 kernel
 for channelwise 8-bit ones, and dequantize-then-matmul (the reference) for
 what neither takes. Measured on this project's 2-core machine (N = K = 4096,
-one token; see ``loader.layers.pack_int4``): the packed kernels beat dequantize + matmul by
+one token; see ``loader.kernels.pack_int4``): the packed kernels beat dequantize + matmul by
 two to three orders of magnitude in both bfloat16 and float32, so ``auto``
 takes them whenever the layer fits and records why when it does not.
 
@@ -15,6 +15,11 @@ of 32-256 that tiles both the checkpoint's groups and K, with scales repeated.
 Where none does (a rank's share of act-order rows under tensor parallelism,
 groups of 16), each group is padded to whole kernel groups of 32 with rows
 that read an appended zero input, at the cost of the padding's extra columns.
+
+The kernels themselves and the choice between them are the core's
+(:mod:`loader.kernels`): this module states which kernel a layer could take
+and why not (:func:`wanted_kernel`, then the shapes), the core's chooser picks, and the
+layer records the :class:`~loader.kernels.KernelChoice`.
 """
 
 from __future__ import annotations
@@ -24,15 +29,29 @@ from typing import Protocol
 import attrs
 import torch
 
-from loader.layers import KERNEL_GROUP_SIZES, Int4CpuWeight, int4_unsupported_reason, pack_int4
+from loader.kernels import (
+    KERNEL_GROUP_SIZES,
+    Int4CpuWeight,
+    Int8CpuWeight,
+    KernelChoice,
+    KernelOption,
+    int4_unsupported_reason,
+    int8_unsupported_reason,
+    pack_int4,
+    pack_int8,
+)
+from loader.kernels import choose_kernel as choose_from
 
-from .config import KernelChoice
-from .int8_cpu import Int8CpuWeight, pack_int8
 from .layer_geometry import LayerGeometry
+from .marlin_cuda import marlin_cuda_unavailable_reason, marlin_kernel
+from .marlin_layout import marlin_shape_reason, marlin_unsupported_reason, repack
 from .quantized_weight import QuantizedWeight, default_g_idx
 
-__all__ = ["DequantizeKernel", "Int4Kernel", "Int8Kernel", "LayerKernel", "choose_kernel", "kernel_group",
-           "plan_kernel"]
+__all__ = ["FALLBACK", "DequantizeKernel", "Int4Kernel", "Int8Kernel", "LayerKernel", "choose_kernel", "kernel_group",
+           "plan_kernel", "wanted_kernel"]
+
+FALLBACK = "dequantize"
+_REQUESTED_FALLBACK = KernelChoice(FALLBACK, "quantization_options kernel='dequantize'")
 
 
 class LayerKernel(Protocol):
@@ -141,15 +160,10 @@ def _int4(weight: QuantizedWeight, dtype: torch.dtype) -> Int4Kernel | str:
     return Int4Kernel(packed, perm, KernelChoice("int4pack", packed.reason), padded)
 
 
-def _int8_reason(groups: int) -> str | None:
-    if groups != 1:
-        return f"8-bit with {groups} groups: the int8 kernel takes one scale per output channel"
-    return None
-
 
 def _int8(weight: QuantizedWeight, dtype: torch.dtype) -> Int8Kernel | str:
     used = torch.unique(weight.g_idx)
-    reason = _int8_reason(int(used.numel()))
+    reason = int8_unsupported_reason(int(used.numel()))
     if reason is not None:
         return reason
     group = int(used[0])
@@ -158,14 +172,21 @@ def _int8(weight: QuantizedWeight, dtype: torch.dtype) -> Int8Kernel | str:
 
 
 def _marlin(weight: QuantizedWeight, dtype: torch.dtype) -> LayerKernel | str:
-    from .marlin_cuda import marlin_cuda_unavailable_reason, marlin_kernel
-    from .marlin_layout import marlin_unsupported_reason, repack
-
     reason = marlin_cuda_unavailable_reason(weight.codes.device) or marlin_unsupported_reason(weight)
     if reason is not None:
         return reason
     compute = dtype if dtype in (torch.float16, torch.bfloat16) else torch.float16
     return marlin_kernel(repack(weight, compute), weight.codes.device)
+
+
+def wanted_kernel(bits: int, requested: str, on_cuda: bool) -> tuple[str, str | None]:
+    """The kernel a layer asks for — ``requested``, or for ``auto`` Marlin on a CUDA device and torch's packed
+    kernel for its bits on the CPU — and why it cannot take such weights at all (``None``: the shapes decide)."""
+    if on_cuda or requested == "marlin":
+        return "marlin", None
+    preferred = "int4pack" if bits == 4 else "int8pack"
+    wanted = preferred if requested == "auto" else requested
+    return wanted, None if wanted == preferred else f"the {wanted} kernel does not take {bits}-bit weights"
 
 
 def plan_kernel(geometry: LayerGeometry, *, bits: int, group_size: int, act_order: bool, requested: str,
@@ -175,31 +196,27 @@ def plan_kernel(geometry: LayerGeometry, *, bits: int, group_size: int, act_orde
     Exact except for what only values tell: Marlin refuses a GPTQ v1 zero
     point that wraps (the plan says ``marlin``; the load falls back).
     """
+    if requested == FALLBACK:
+        return _REQUESTED_FALLBACK
     k, n = geometry.rows, geometry.cols
-    if requested == "dequantize":
-        return KernelChoice("dequantize", "quantization_options kernel='dequantize'")
-    if device.type == "cuda" or requested == "marlin":
-        from .marlin_cuda import marlin_cuda_unavailable_reason
-        from .marlin_layout import marlin_shape_reason
+    kernel, reason = wanted_kernel(bits, requested, device.type == "cuda")
+    if reason is None and kernel == "marlin":
+        reason = marlin_cuda_unavailable_reason(device) or marlin_shape_reason(bits, group_size, k, n, geometry.groups)
+    elif reason is None:
+        # the rows' groups in sorted order: contiguous unless this rank holds an act-order share (unknown here)
+        known = not act_order or geometry.whole_input
+        sorted_g_idx = default_g_idx(k, group_size, geometry.first_group * max(group_size, 0)) if known else None
+        if bits == 8:
+            groups = int(torch.unique(sorted_g_idx).numel()) if sorted_g_idx is not None else geometry.groups
+            reason = int8_unsupported_reason(groups)
+        else:
+            size = kernel_group(sorted_g_idx) if sorted_g_idx is not None else None
+            rows = k if size is not None else -(-k // KERNEL_GROUP_SIZES[0]) * KERNEL_GROUP_SIZES[0]
+            reason = int4_unsupported_reason(n, rows, size or KERNEL_GROUP_SIZES[0])
+    return choose_from([KernelOption(kernel, reason)], FALLBACK)
 
-        reason = marlin_cuda_unavailable_reason(device) or marlin_shape_reason(bits, group_size, k, n,
-                                                                               geometry.groups)
-        return KernelChoice("marlin") if reason is None else KernelChoice("dequantize", reason)
-    preferred = "int4pack" if bits == 4 else "int8pack"
-    wanted = preferred if requested == "auto" else requested
-    if wanted != preferred:
-        return KernelChoice("dequantize", f"the {wanted} kernel does not take {bits}-bit weights")
-    # the rows' groups in sorted order: contiguous unless this rank holds an act-order share (unknown here)
-    known = not act_order or geometry.whole_input
-    sorted_g_idx = default_g_idx(k, group_size, geometry.first_group * max(group_size, 0)) if known else None
-    if bits == 8:
-        groups = int(torch.unique(sorted_g_idx).numel()) if sorted_g_idx is not None else geometry.groups
-        reason = _int8_reason(groups)
-    else:
-        size = kernel_group(sorted_g_idx) if sorted_g_idx is not None else None
-        rows = k if size is not None else -(-k // KERNEL_GROUP_SIZES[0]) * KERNEL_GROUP_SIZES[0]
-        reason = int4_unsupported_reason(n, rows, size or KERNEL_GROUP_SIZES[0])
-    return KernelChoice(preferred) if reason is None else KernelChoice("dequantize", reason)
+
+_BUILDERS = {"marlin": _marlin, "int4pack": _int4, "int8pack": _int8}
 
 
 def choose_kernel(weight: QuantizedWeight, requested: str, dtype: torch.dtype) -> LayerKernel:
@@ -208,20 +225,14 @@ def choose_kernel(weight: QuantizedWeight, requested: str, dtype: torch.dtype) -
     On a CUDA device the choice is Marlin or the fallback; torch's packed
     kernels are CPU kernels.
     """
-    if requested == "dequantize":
-        return DequantizeKernel(weight, KernelChoice("dequantize", "quantization_options kernel='dequantize'"))
-    if weight.codes.device.type == "cuda" or requested == "marlin":
-        made = _marlin(weight, dtype)
-        if isinstance(made, str):
-            return DequantizeKernel(weight, KernelChoice("dequantize", made))
-        return made
-    preferred = "int4pack" if weight.bits == 4 else "int8pack"
-    wanted = preferred if requested == "auto" else requested
-    if wanted != preferred:
-        reason = f"the {wanted} kernel does not take {weight.bits}-bit weights"
-    else:
-        made = _int4(weight, dtype) if wanted == "int4pack" else _int8(weight, dtype)
-        if not isinstance(made, str) and made.choice.reason is None:
-            return made
-        reason = made if isinstance(made, str) else str(made.choice.reason)
-    return DequantizeKernel(weight, KernelChoice("dequantize", reason))
+    if requested == FALLBACK:
+        return DequantizeKernel(weight, _REQUESTED_FALLBACK)
+    kernel, reason = wanted_kernel(weight.bits, requested, weight.codes.device.type == "cuda")
+    made: LayerKernel | str | None = None
+    if reason is None:
+        made = _BUILDERS[kernel](weight, dtype)
+        reason = made if isinstance(made, str) else made.choice.reason
+    choice = choose_from([KernelOption(kernel, reason)], FALLBACK)
+    if choice.kernel == FALLBACK or made is None or isinstance(made, str):
+        return DequantizeKernel(weight, choice)
+    return made

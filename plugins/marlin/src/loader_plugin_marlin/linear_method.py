@@ -38,6 +38,7 @@ from .quantized_weight import QuantizedWeight
 if TYPE_CHECKING:
     from torch import nn
 
+    from loader.kernels import KernelChoice
     from loader.layers import LinearBase, NarrowedPart
 
 __all__ = ["PackedLayerState", "PackedLinearMethod"]
@@ -138,7 +139,7 @@ class PackedLinearMethod(LinearMethodBase):
         return int4_by_columns(cfg.layout, state.geometry, tensors, bits=cfg.bits, requested=cfg.kernel,
                                dtype=state.params_dtype)
 
-    def layer_plan(self, layer: nn.Module) -> dict[str, Any] | None:
+    def layer_plan(self, layer: nn.Module) -> KernelChoice | None:
         """The kernel this layer will get on the load's device, from its shapes (``loader inspect --layers``)."""
         from loader.models import current_session
 
@@ -146,7 +147,7 @@ class PackedLinearMethod(LinearMethodBase):
         cfg = self.config
         choice = plan_kernel(state.geometry, bits=cfg.bits, group_size=cfg.group_size, act_order=cfg.act_order,
                              requested=cfg.kernel, device=current_session().device)
-        return attrs.asdict(choice)
+        return choice
 
     def kernel(self, layer: nn.Module) -> LayerKernel:
         """The kernel chosen after loading, holding the layer's current buffers.

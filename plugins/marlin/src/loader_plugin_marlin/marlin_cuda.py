@@ -20,7 +20,8 @@ from typing import Any
 import attrs
 import torch
 
-from .config import KernelChoice
+from loader.kernels import KernelChoice
+
 from .marlin_layout import MarlinWeight
 
 __all__ = ["MarlinKernel", "marlin_cuda_unavailable_reason", "marlin_kernel"]

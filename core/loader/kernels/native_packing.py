@@ -19,8 +19,9 @@ once all end with a whole file; a cached file that no longer loads is built
 again once).
 
 Fallback: every function here has a torch implementation that writes the same
-bytes (:mod:`loader.layers.int4_cpu`, :mod:`loader.layers.int8_cpu`; the
-tests compare them byte for byte). :func:`native_repack` returns ``None`` —
+bytes (:mod:`loader.kernels.int8_cpu`, and the GGUF plugin's half-split
+packer for the Q4_0/Q4_1 helpers; the tests compare them byte for byte).
+:func:`native_repack` returns ``None`` —
 and those run — when ``LOADER_NATIVE_REPACK=0``, when no compiler is found or
 it fails, or when the library cannot be loaded; :func:`native_repack_unavailable_reason` says
 which, and a failure is logged once as a warning.
@@ -75,7 +76,7 @@ class NativeRepack:
     def int4pack_half_split(self, qs: torch.Tensor, block_n: int, out: torch.Tensor,
                             rows: torch.Tensor | None = None) -> None:
         """Half-split codes ``[N, G, 16]`` (``N`` a multiple of ``block_n``) into torch's layout in ``out``
-        (``N * G * 16`` bytes) — :func:`loader.layers.pack_int4_half_split_parts`. With ``rows`` (int64 row
+        (``N * G * 16`` bytes) — the GGUF plugin's Q4_0/Q4_1 packer. With ``rows`` (int64 row
         indices into ``qs``) the weight's rows are ``qs[rows]``, read in place instead of copied out first."""
         stored, groups = _rows_of(qs, 16)
         order = _row_order(rows, stored)
@@ -86,7 +87,7 @@ class NativeRepack:
 
     def int8_planes(self, codes: torch.Tensor, block_n: int, out: torch.Tensor) -> None:
         """Int8 codes ``[N, G, 32]`` (their bytes; ``N`` a multiple of ``block_n``) as the high plane's bytes,
-        then the low plane's, in ``out`` (``2 * N * G * 16`` bytes) — :func:`loader.layers.pack_int8_grouped`."""
+        then the low plane's, in ``out`` (``2 * N * G * 16`` bytes) — :func:`loader.kernels.pack_int8_grouped`."""
         n, groups = _rows_of(codes, 32)
         _check_layout(n, block_n, out, 2 * n * groups * 16)
         self._planes(codes.data_ptr(), codes.stride(0), codes.stride(1), n // block_n, groups, block_n,

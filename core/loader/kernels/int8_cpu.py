@@ -1,7 +1,16 @@
-"""An int8 weight with a scale per 32 input columns, multiplied by torch's packed int4 CPU kernel as two nibble planes.
+"""CPU int8 weights: channelwise on torch's int8 kernel, and a scale per 32 input columns on its int4 kernel.
 
-Why: torch's CPU int8 kernel (``_weight_int8pack_mm``) takes one scale per
-output row, so a weight whose scale changes every 32 input columns (GGUF
+Channelwise (:func:`pack_int8`, Marlin's 8-bit GPTQ/AWQ): torch's int8 weight
+kernel (``_weight_int8pack_mm``) multiplies by int8 codes ``[N, K]`` with one
+scale per output channel. An affine channelwise weight ``w = code * scale +
+bias`` (``bias = -zero * scale``) is rewritten as ``(code - 128) * scale +
+(128 * scale + bias)``; the constant per-channel term is added as ``sum(x) *
+offset``, so asymmetric weights run too. Grouped 8-bit weights (several
+scales along K) do not fit it (:func:`int8_unsupported_reason`).
+
+Grouped by 32 columns (:func:`pack_int8_grouped`, GGUF Q8_0): two nibble
+planes of the int4 kernel. Why: the int8 kernel takes one scale per output
+row, so a weight whose scale changes every 32 input columns (GGUF
 Q8_0) needs one call per 32 columns, and a call over 32 columns costs nearly
 what one over whole rows does: SmolLM2's tied Q8_0 head (49152 x 576) took 18
 calls and ~7 ms a token, a fifth of a decode step. The int4 kernel takes a
@@ -20,7 +29,7 @@ packing) to float32 and computes ``(q - 8) * scale + zero`` there; a 4-bit code
 times a bfloat16 scale (8 significant bits) is exact in float32, so the weight
 multiplied is ``c * s`` with ``s`` rounded to the kernel dtype — what the int8
 kernel multiplies too. Each half's sums are rounded to the kernel dtype once
-(``tests/core/test_layers_int8_cpu.py`` bounds every output by that).
+(``tests/core/test_kernels_int8_cpu.py`` bounds every output by that).
 
 The codes stay readable: :meth:`Int8GroupedWeight.codes` rebuilds any rows'
 int8 codes from the two planes, so an embedding table kept this way looks its
@@ -32,16 +41,12 @@ from __future__ import annotations
 import attrs
 import torch
 
-from .int4_cpu import (
-    Int4CpuWeight,
-    int4_unsupported_reason,
-    pack_codes_bytes,
-    torch_int4_block_n,
-    unpack_int4_rows,
-)
+from .int4_cpu import Int4CpuWeight, int4_unsupported_reason
+from .int4_layout import pack_codes_bytes, torch_int4_block_n, unpack_int4_rows
 from .native_packing import native_repack
 
-__all__ = ["GROUP", "Int8GroupedWeight", "int8_grouped_unsupported_reason", "pack_int8_grouped"]
+__all__ = ["GROUP", "Int8CpuWeight", "Int8GroupedWeight", "int8_grouped_unsupported_reason",
+           "int8_unsupported_reason", "pack_int8", "pack_int8_grouped"]
 
 GROUP = 32
 """Input columns sharing one scale (GGUF Q8_0's block)."""
@@ -124,7 +129,7 @@ def pack_int8_grouped(codes: torch.Tensor, scales: torch.Tensor,
 def _nibble_planes(codes: torch.Tensor, block_n: int) -> torch.Tensor:
     """torch's int4 layout ``[2 N, K / 2]`` of the high-nibble plane stacked over the low one.
 
-    With whole row blocks the compiled helpers (:mod:`loader.layers.native_packing`) write both planes in one
+    With whole row blocks the compiled helpers (:mod:`loader.kernels.native_packing`) write both planes in one
     pass; without them one byte-level copy transposes each block to ``[2, K, block_n / 2]`` (its two
     halves of rows, the ones a byte of the layout pairs, in two planes) and eight word-wide operations write
     both planes' bytes; otherwise both planes are widened to one code per byte and packed as any codes.
@@ -161,3 +166,44 @@ def _nibble_planes(codes: torch.Tensor, block_n: int) -> torch.Tensor:
     scratch &= _HIGH_NIBBLES
     low |= scratch
     return out.view(2 * n, k // 2)
+
+
+def int8_unsupported_reason(groups: int) -> str | None:
+    """Why torch's int8 kernel cannot take an 8-bit weight of ``groups`` scale groups along K, or ``None``."""
+    if groups != 1:
+        return f"8-bit with {groups} groups: the int8 kernel takes one scale per output channel"
+    return None
+
+
+@attrs.frozen(eq=False)
+class Int8CpuWeight:
+    """A channelwise 8-bit weight for ``_weight_int8pack_mm``.
+
+    :ivar codes: int8 ``[N, K]``, ``code - 128``.
+    :ivar scales: ``[N]``.
+    :ivar offsets: ``[N]`` added per unit of input sum, or ``None`` when symmetric.
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    offsets: torch.Tensor | None
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ w.T`` for ``x [..., K]`` in x's dtype."""
+        flat = x.reshape(-1, self.codes.shape[1]).contiguous()
+        scales = self.scales if self.scales.dtype == x.dtype else self.scales.to(x.dtype)
+        out = torch.ops.aten._weight_int8pack_mm(flat, self.codes, scales)
+        if self.offsets is not None:
+            out = out + flat.sum(-1, keepdim=True) * self.offsets.to(x.dtype)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def pack_int8(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dtype: torch.dtype) -> Int8CpuWeight:
+    """Channelwise ``w[n, k] = (codes[n, k] - zeros[n]) * scales[n]`` (codes in ``[0, 256)``) for the kernel."""
+    s = scales.to(torch.float32)
+    offsets = (128 - zeros.to(torch.float32)) * s
+    symmetric = bool((zeros == 128).all())
+    return Int8CpuWeight(
+        codes=(codes.to(torch.int16) - 128).to(torch.int8).contiguous(), scales=s.to(dtype),
+        offsets=None if symmetric else offsets.to(dtype),
+    )

@@ -1,12 +1,13 @@
-"""``loader.layers.pack_int8_grouped``: an int8 weight, a scale per 32 columns, as two int4 planes of torch's kernel."""
+"""``loader.kernels.pack_int8_grouped``: an int8 weight, a scale per 32 columns, as two int4 planes of torch's
+kernel."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from loader.layers import Int4CpuWeight, int8_grouped_unsupported_reason, pack_int4, pack_int8_grouped
-from loader.layers.int4_cpu import torch_int4_block_n, unpack_int4_rows
+from loader.kernels import Int4CpuWeight, int8_grouped_unsupported_reason, pack_int4, pack_int8_grouped
+from loader.kernels.int4_layout import torch_int4_block_n, unpack_int4_rows
 
 
 def _weight(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,8 +100,8 @@ def test_what_the_planes_refuse_is_named():
 
 def test_a_torch_whose_int4_layout_is_unknown_is_refused_by_name(monkeypatch):
     """Another torch build may lay int4 rows out differently: the planes could not be read back, so they are refused."""
-    import loader.layers.int4_cpu as int4_cpu
-    import loader.layers.int8_cpu as int8_cpu
+    import loader.kernels.int4_layout as int4_cpu
+    import loader.kernels.int8_cpu as int8_cpu
 
     monkeypatch.setattr(int8_cpu, "torch_int4_block_n", lambda: None)
     monkeypatch.setattr(int4_cpu, "torch_int4_block_n", lambda: None)

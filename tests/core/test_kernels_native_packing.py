@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from loader.layers import NativeRepack, native_repack, native_repack_unavailable_reason
-from loader.layers.int4_cpu import pack_codes_bytes
-from loader.layers.native_packing import SOURCE, build_library
+from loader.kernels import NativeRepack, native_repack, native_repack_unavailable_reason
+from loader.kernels.int4_layout import pack_codes_bytes
+from loader.kernels.native_packing import SOURCE, build_library
 
 COMPILER = shutil.which("cc")
 needs_compiler = pytest.mark.skipif(COMPILER is None, reason="no C compiler (cc) here")
@@ -189,7 +189,7 @@ def test_switched_off_torch_packs_and_the_reason_says_so(fresh, monkeypatch):
 
 def test_without_a_compiler_torch_packs_and_a_warning_names_it(fresh, monkeypatch, caplog):
     monkeypatch.setenv("CC", "no-such-compiler-here")
-    with caplog.at_level(logging.WARNING, logger="loader.layers.native_packing"):
+    with caplog.at_level(logging.WARNING, logger="loader.kernels.native_packing"):
         assert native_repack() is None
     assert native_repack_unavailable_reason() == "no C compiler (no-such-compiler-here) on PATH"
     assert "packing with torch only (slower loads): no C compiler (no-such-compiler-here) on PATH" in caplog.text
@@ -200,7 +200,7 @@ def test_a_compiler_that_fails_leaves_no_library_and_torch_packs(fresh, monkeypa
     fake.write_text("#!/bin/sh\necho 'broken-cc: cannot compile' >&2\nexit 3\n")
     fake.chmod(0o755)
     monkeypatch.setenv("CC", str(fake))
-    with caplog.at_level(logging.WARNING, logger="loader.layers.native_packing"):
+    with caplog.at_level(logging.WARNING, logger="loader.kernels.native_packing"):
         assert native_repack() is None
     reason = native_repack_unavailable_reason()
     assert reason is not None and f"{fake} exited with 3: broken-cc: cannot compile" in reason
@@ -214,7 +214,7 @@ def test_a_damaged_cached_library_is_built_again(fresh):
     assert first is not None
     first.path.unlink()  # as a crash or a full disk could leave it; this process keeps its loaded copy
     first.path.write_bytes(b"not a shared library")
-    code = ("from loader.layers import native_repack, native_repack_unavailable_reason as why; "
+    code = ("from loader.kernels import native_repack, native_repack_unavailable_reason as why; "
             "print(native_repack() is not None, why())")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env={**os.environ, "LOADER_CACHE_DIR": str(fresh)})

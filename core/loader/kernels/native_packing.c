@@ -1,17 +1,17 @@
 /*
  * Byte shuffles that turn 4-bit / 8-bit checkpoint blocks into torch's packed int4 CPU layout.
  *
- * Compiled on first use by loader/layers/native_packing.py (plain C, no Python or torch headers, called
+ * Compiled on first use by loader/kernels/native_packing.py (plain C, no Python or torch headers, called
  * through ctypes) and cached per machine; every function here has a torch implementation that computes the
- * same bytes (loader/layers/int4_cpu.py, int8_cpu.py), which is used when no compiler is found and which the
- * tests compare against, byte for byte.
+ * same bytes (loader/kernels/int8_cpu.py, and the GGUF plugin's half-split packer), which is used when no
+ * compiler is found and which the tests compare against, byte for byte.
  *
  * Why: each of these is a transpose of bytes (rows of a checkpoint become torch's [K, block_n / 2] tiles)
  * followed by nibble arithmetic. torch runs the transpose as a strided element-by-element copy and the
  * arithmetic as several passes over memory; here a 16 x 16 byte tile is transposed in registers and the
  * nibbles are combined while it is still in cache, once.
  *
- * Layout (torch 2.13, see int4_cpu.pack_codes_bytes): rows in blocks of block_n; block b is stored as
+ * Layout (torch 2.13, see int4_layout.pack_codes_bytes): rows in blocks of block_n; block b is stored as
  * [K, block_n / 2] bytes whose byte (k, j) holds row j's code in its low nibble and row j + block_n / 2's
  * in its high one. Only whole blocks are handled here; the callers pack a last partial block themselves.
  */

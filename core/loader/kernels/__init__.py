@@ -1,0 +1,90 @@
+"""Public: the CPU kernels quantization plugins pack weights for, and the record of which one each layer runs.
+
+- Choosing: :class:`KernelChoice` (which kernel, why, from what: a layer's load-report record and its
+  ``layer_plan``) made by :func:`choose_kernel` from a method's :class:`KernelOption`\\ s.
+- torch's packed int4 CPU matmul for any affine 4-bit weight: :func:`pack_int4` / :func:`pack_int4_codes` ->
+  :class:`Int4CpuWeight`, with :func:`int4_unsupported_reason` and :data:`KERNEL_GROUP_SIZES`.
+- int8 weights: channelwise on torch's int8 kernel (:func:`pack_int8` -> :class:`Int8CpuWeight`,
+  :func:`int8_unsupported_reason`), a scale per 32 columns as two int4 planes (:func:`pack_int8_grouped` ->
+  :class:`Int8GroupedWeight`, :func:`int8_grouped_unsupported_reason`).
+- The compiled packing helpers (:func:`native_repack`, built on first use with ``$CC``; torch writes the same
+  bytes without them) and :func:`packed_layout_fingerprint`, a digest of what decides packed bytes.
+
+Plugins import these names from ``loader.kernels``; its submodules are internal. Names are imported on first
+access (:func:`loader.lazy.lazy_exports`), so naming :class:`KernelChoice` in a light module does not pull in
+torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .choice import KernelChoice, KernelOption, choose_kernel
+    from .fingerprint import packed_layout_fingerprint
+    from .int4_cpu import (
+        KERNEL_GROUP_SIZES,
+        Int4CpuWeight,
+        int4_scales_and_zeros,
+        int4_unsupported_reason,
+        pack_int4,
+        pack_int4_codes,
+    )
+    from .int4_layout import torch_int4_block_n
+    from .int8_cpu import (
+        Int8CpuWeight,
+        Int8GroupedWeight,
+        int8_grouped_unsupported_reason,
+        int8_unsupported_reason,
+        pack_int8,
+        pack_int8_grouped,
+    )
+    from .native_packing import NativeRepack, native_repack, native_repack_unavailable_reason
+
+__all__ = [
+    "Int4CpuWeight",
+    "Int8CpuWeight",
+    "Int8GroupedWeight",
+    "KERNEL_GROUP_SIZES",
+    "KernelChoice",
+    "KernelOption",
+    "NativeRepack",
+    "choose_kernel",
+    "int4_scales_and_zeros",
+    "int4_unsupported_reason",
+    "int8_grouped_unsupported_reason",
+    "int8_unsupported_reason",
+    "native_repack",
+    "native_repack_unavailable_reason",
+    "pack_int4",
+    "pack_int4_codes",
+    "pack_int8",
+    "pack_int8_grouped",
+    "packed_layout_fingerprint",
+    "torch_int4_block_n",
+]
+
+__getattr__, __dir__ = lazy_exports(__name__, globals(), {
+    "KernelChoice": ".choice",
+    "KernelOption": ".choice",
+    "choose_kernel": ".choice",
+    "packed_layout_fingerprint": ".fingerprint",
+    "Int4CpuWeight": ".int4_cpu",
+    "KERNEL_GROUP_SIZES": ".int4_cpu",
+    "int4_scales_and_zeros": ".int4_cpu",
+    "int4_unsupported_reason": ".int4_cpu",
+    "pack_int4": ".int4_cpu",
+    "pack_int4_codes": ".int4_cpu",
+    "torch_int4_block_n": ".int4_layout",
+    "Int8CpuWeight": ".int8_cpu",
+    "Int8GroupedWeight": ".int8_cpu",
+    "int8_grouped_unsupported_reason": ".int8_cpu",
+    "int8_unsupported_reason": ".int8_cpu",
+    "pack_int8": ".int8_cpu",
+    "pack_int8_grouped": ".int8_cpu",
+    "NativeRepack": ".native_packing",
+    "native_repack": ".native_packing",
+    "native_repack_unavailable_reason": ".native_packing",
+})
