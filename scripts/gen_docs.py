@@ -1,10 +1,13 @@
-"""Generate the reference pages (docs/hooks.md, docs/cli.md), or check them and the docs' coverage (``--check``).
+"""Generate the reference pages (docs/hooks.md, docs/cli.md, the user guide's table of environment variables),
+or check them and the docs' coverage (``--check``).
 
 Each generated page is a rendering of the code that defines it (the hookspecs,
-the CLI's parser), so it can never drift; ``--check`` fails when a committed
-page differs from its rendering, or when a hook, a public API name
-(``loader._public_api.PUBLIC_MODULES``) or a CLI command or flag is missing from
-the docs (``scripts/docgen/coverage.py``).
+the CLI's parser, the declared settings), so it can never drift; ``--check``
+fails when a committed page differs from its rendering, or when a hook, a public
+API name (``loader._public_api.PUBLIC_MODULES``), a CLI command or flag or a
+``LOADER_*`` environment variable is missing from the docs
+(``scripts/docgen/coverage.py``), or when the code mentions a ``LOADER_*``
+variable that no setting declares (``scripts/docgen/settings_reference.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "core")]
@@ -20,8 +24,18 @@ sys.path[:0] = [str(ROOT), str(ROOT / "core")]
 from scripts.docgen.cli_reference import render_cli  # noqa: E402
 from scripts.docgen.coverage import missing_from_docs, missing_from_site  # noqa: E402
 from scripts.docgen.hook_reference import render_hooks  # noqa: E402
+from scripts.docgen.settings_reference import (  # noqa: E402
+    missing_settings,
+    undeclared_variables,
+    with_settings_table,
+)
 
 CLI_TEMPLATE = ROOT / "docs" / "_templates" / "cli.md"
+USER_GUIDE = ROOT / "docs" / "user-guide.md"
+SETTINGS_MODULES = ("loader._settings", "loader_plugin_gguf.settings")
+"""The modules declaring ``LOADER_*`` settings: each has ``SETTINGS`` (the users', in table order), and may have
+``INTERNAL`` (set by loader for itself, left out of the docs) and ``NOT_VARIABLES`` (names that are no variable).
+A plugin's module that declares a variable goes here; the source scan fails until it does."""
 
 
 def docs_parser() -> argparse.ArgumentParser:
@@ -51,9 +65,33 @@ def cli_page() -> str:
     return header + render_cli(docs_parser(), CLI_TEMPLATE.read_text(encoding="utf-8"))
 
 
+def declared_settings() -> tuple[list[Any], list[Any], dict[str, str]]:
+    """The user settings (core first, then each plugin's), the internal ones and the names that are no variable."""
+    import importlib
+
+    users: list[Any] = []
+    internal: list[Any] = []
+    not_variables: dict[str, str] = {}
+    for name in SETTINGS_MODULES:
+        module = importlib.import_module(name)
+        users += module.SETTINGS
+        internal += getattr(module, "INTERNAL", ())
+        not_variables.update(getattr(module, "NOT_VARIABLES", {}))
+    names = [s.name for s in users + internal]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise SystemExit(f"error: declared more than once: {', '.join(twice)}")
+    return users, internal, not_variables
+
+
+def user_guide_page() -> str:
+    return with_settings_table(USER_GUIDE.read_text(encoding="utf-8"), declared_settings()[0])
+
+
 GENERATED: dict[Path, Callable[[], str]] = {
     ROOT / "docs" / "hooks.md": hooks_page,
     ROOT / "docs" / "cli.md": cli_page,
+    USER_GUIDE: user_guide_page,
 }
 
 
@@ -66,7 +104,12 @@ def public_api() -> dict[str, frozenset[str]]:
 def coverage_problems() -> list[str]:
     from loader import hookspecs
 
-    return missing_from_docs(ROOT, hookspecs, docs_parser(), public_api())
+    users, internal, not_variables = declared_settings()
+    return [
+        *missing_from_docs(ROOT, hookspecs, docs_parser(), public_api()),
+        *missing_settings(USER_GUIDE.read_text(encoding="utf-8"), users, internal),
+        *undeclared_variables(ROOT, [s.name for s in users + internal], not_variables),
+    ]
 
 
 def main() -> int:
@@ -100,7 +143,7 @@ def main() -> int:
         sys.stderr.write("\n".join(problems) + "\n")
         return 1
     print(f"{', '.join(str(t.relative_to(ROOT)) for t in GENERATED)} are current; the docs cover every hook, "
-          "public API name and CLI flag")
+          "public API name, CLI flag and environment variable")
     return 0
 
 

@@ -6,17 +6,18 @@ always share a base; ``platformdirs`` is imported only when the variable is unse
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from ._settings import CACHE_DIR
 
 __all__ = ["cache_root"]
 
 
 def cache_root() -> Path:
     """``$LOADER_CACHE_DIR``, else ``platformdirs.user_cache_dir("loader")``."""
-    base = os.environ.get("LOADER_CACHE_DIR")
-    if not base:
+    base = CACHE_DIR.read()
+    if base is None:
         import platformdirs
 
-        base = platformdirs.user_cache_dir("loader")
-    return Path(base)
+        return Path(platformdirs.user_cache_dir("loader"))
+    return base

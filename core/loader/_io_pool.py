@@ -15,6 +15,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from ._settings import READ_THREADS
+
 __all__ = ["io_pool", "io_threads", "run_in_pool"]
 
 _pool: ThreadPoolExecutor | None = None
@@ -34,11 +36,11 @@ if hasattr(os, "register_at_fork"):
 
 
 def io_threads() -> int:
-    """Threads in the pool: ``LOADER_READ_THREADS`` if set, else the CPU count capped at 8."""
-    configured = os.environ.get("LOADER_READ_THREADS", "").strip()
-    if configured.isdigit() and int(configured) > 0:
-        return int(configured)
-    return max(1, min(8, os.cpu_count() or 1))
+    """Threads in the pool: ``LOADER_READ_THREADS`` if set, else the CPU count capped at 8.
+
+    :raises loader.errors.SettingError: ``LOADER_READ_THREADS`` is not a whole number of at least 1.
+    """
+    return READ_THREADS.read()
 
 
 def _mark_pool_thread() -> None:

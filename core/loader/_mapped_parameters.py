@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._file_reads import pread_exactly, truncated_error
 from ._io_pool import run_in_pool
+from ._settings import MAP_MIN_BYTES, MAP_WEIGHTS
 from .errors import CheckpointFormatError, LoadError
 
 if TYPE_CHECKING:
@@ -72,9 +73,9 @@ __all__ = [
     "region_budget",
 ]
 
-MAP_WEIGHTS_ENV = "LOADER_MAP_WEIGHTS"
-MIN_MAP_BYTES_ENV = "LOADER_MAP_MIN_BYTES"
-MIN_MAP_BYTES = 1 << 20
+MAP_WEIGHTS_ENV = MAP_WEIGHTS.name
+MIN_MAP_BYTES_ENV = MAP_MIN_BYTES.name
+MIN_MAP_BYTES = MAP_MIN_BYTES.default
 """Default for ``LOADER_MAP_MIN_BYTES``: smaller tensors are copied (a read costs less than the
 system calls) and share one arena."""
 
@@ -116,14 +117,12 @@ _libc = _load_libc()
 
 def mapping_enabled() -> bool:
     """Whether CPU loads may map checkpoint files (``LOADER_MAP_WEIGHTS``, on by default, Linux only)."""
-    setting = os.environ.get(MAP_WEIGHTS_ENV, "1").strip().lower()
-    return _libc is not None and setting not in ("0", "false", "no", "off")
+    return MAP_WEIGHTS.read() and _libc is not None
 
 
 def min_map_bytes() -> int:
     """Tensors at least this large get a region of their own and may be mapped (``LOADER_MAP_MIN_BYTES``)."""
-    configured = os.environ.get(MIN_MAP_BYTES_ENV, "").strip()
-    return int(configured) if configured.isdigit() else MIN_MAP_BYTES
+    return MAP_MIN_BYTES.read()
 
 
 _MAPS_PER_REGION = 8

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -44,27 +45,53 @@ def parse_dtype(value: Any) -> torch.dtype:
     raise UnsupportedError(f"dtype {value!r} is not supported; use one of {', '.join(DTYPES)}")
 
 
+def _options_dict(value: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A copy of the user's options mapping (``None`` is none), so changing theirs later changes no load."""
+    return dict(value or {})
+
+
+def _files(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
 @attrs.frozen
 class LoadOptions:
-    """Everything a load was asked to do.
+    """Everything a load was asked to do, and what the core resolved about it before plugins are asked.
 
     The rank, size, dtype and device of the load in progress are its session's
     (:func:`loader._session.current_session`); ``dtype`` here is the request
     (evolved to the resolved dtype once ``"auto"`` is read from the config).
-    ``load_format`` is ``"auto"``, ``"dummy"`` or a format plugin's name;
-    ``quantization`` a quantization plugin's method name or ``None`` to use what
-    the checkpoint declares. ``extra`` carries, once the checkpoint is prepared,
-    ``"dtype_auto"`` (whether the dtype came from ``"auto"``) and
-    ``"weight_format"`` (the chosen format's name) and ``"weight_files"`` (its
-    files, local paths or URIs), so a quantization plugin can choose a method
-    from them (and plan layers from a format's own headers); and the user's
-    ``"quantization_options"`` and ``"format_options"``.
+    The fields from :attr:`dtype_auto` on are filled by the core, never by the
+    user: :attr:`dtype_auto`, :attr:`weight_format` and :attr:`weight_files`
+    once the checkpoint is prepared (a quantization plugin chooses a method from
+    them, and plans layers from a format's own headers), :attr:`headers_only`
+    for ``loader inspect``.
     """
 
     dtype: torch.dtype
     device: torch.device
     load_format: str = "auto"
+    """``"auto"``, ``"dummy"`` or a format plugin's name."""
     quantization: str | None = None
+    """A quantization plugin's method name, or ``None`` to use what the checkpoint declares."""
     revision: str | None = None
+    """The Hub revision (branch, tag or commit) of a Hub id."""
     model_impl: str = "auto"
-    extra: dict[str, Any] = attrs.field(factory=dict, eq=False, hash=False)
+    """One of :data:`MODEL_IMPLS`."""
+    quantization_options: Mapping[str, Any] = attrs.field(factory=dict, converter=_options_dict, hash=False)
+    """The user's options for the quantization method (``load_model(quantization_options=...)``,
+    ``--quantization-option KEY=VALUE``); empty when none were given. The method's plugin checks them."""
+    format_options: Mapping[str, Any] = attrs.field(factory=dict, converter=_options_dict, hash=False)
+    """The user's options for the weight format (``load_model(format_options=...)``, ``--format-option
+    KEY=VALUE``); empty when none were given. The format's plugin checks them."""
+    dtype_auto: bool = False
+    """Whether the dtype was asked for as ``"auto"`` (by the user, or by the format's
+    :attr:`~loader.checkpoint.WeightFormat.default_dtype` when none was named): GGUF then keeps blocks packed."""
+    weight_format: str | None = None
+    """The chosen weight format's name, once the checkpoint is prepared (``None`` before)."""
+    weight_files: tuple[str, ...] = attrs.field(default=(), converter=_files)
+    """The chosen format's files (local paths or URIs), once the checkpoint is prepared (empty before)."""
+    headers_only: bool = False
+    """``True`` when the caller reads only names, shapes and dtypes (``loader inspect``): a source or format
+    that would fetch remote bytes reads headers only (yield :class:`~loader.weights.HeaderOnlyTensor`
+    handles)."""

@@ -18,6 +18,7 @@ import importlib.metadata
 import os
 import threading
 from collections.abc import Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from typing import Literal
 
@@ -26,7 +27,9 @@ import pluggy
 
 from . import hookspecs
 from ._plugin_guard import GuardedPlugin
-from .errors import ConfigError
+from ._session import active_session, current_session, load_session
+from ._settings import DISABLE_PLUGINS, PLUGINS
+from .errors import SettingError
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -108,13 +111,6 @@ def _hooks_of(pm: pluggy.PluginManager, plugin: object) -> tuple[str, ...]:
     return tuple(sorted(c.name for c in callers))
 
 
-def comma_names(value: str | None) -> set[str] | None:
-    """The names of a comma-separated setting (``LOADER_PLUGINS``, ...); ``None`` when it is unset."""
-    if value is None:
-        return None
-    return {part.strip() for part in value.split(",") if part.strip()}
-
-
 def create_plugin_host(*, load_entry_points: bool = True,
                        environ: Mapping[str, str] | None = None) -> PluginHost:
     """Build a fresh host: specs, core implementations, then installed plugins."""
@@ -122,16 +118,13 @@ def create_plugin_host(*, load_entry_points: bool = True,
     pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
     host = PluginHost(pm=pm)
-    import importlib
-
     version = _core_version()
     for name, module_name in CORE_PLUGINS:
         module = importlib.import_module(module_name)
         host.register(module, name, distribution="loader-core", version=version)
 
     if load_entry_points:
-        _load_entry_points(host, allow=comma_names(env.get("LOADER_PLUGINS")),
-                           deny=comma_names(env.get("LOADER_DISABLE_PLUGINS")) or set())
+        _load_entry_points(host, allow=PLUGINS.read(env), deny=DISABLE_PLUGINS.read(env))
     pm.check_pending()
     return host
 
@@ -143,7 +136,7 @@ def _core_version() -> str | None:
         return None
 
 
-def _check_allow_list(allow: set[str] | None, installed: set[str]) -> None:
+def _check_allow_list(allow: AbstractSet[str] | None, installed: set[str]) -> None:
     """A name in ``LOADER_PLUGINS`` that no installed plugin has is a typo or a missing install: say so.
 
     Left alone, it blocks every plugin but the ones spelled right, and the load then fails far away
@@ -151,14 +144,15 @@ def _check_allow_list(allow: set[str] | None, installed: set[str]) -> None:
     """
     unknown = sorted((allow or set()) - installed - {name for name, _ in CORE_PLUGINS})
     if unknown:
-        raise ConfigError(
+        raise SettingError(
+            PLUGINS.name, ",".join(sorted(allow or ())), "names of installed plugins",
             f"LOADER_PLUGINS names {', '.join(repr(n) for n in unknown)}, which no installed plugin is called; "
             f"installed: {', '.join(sorted(installed)) or 'none'} (set LOADER_PLUGINS to an empty string to "
             "load none)"
         )
 
 
-def _load_entry_points(host: PluginHost, *, allow: set[str] | None, deny: set[str]) -> None:
+def _load_entry_points(host: PluginHost, *, allow: AbstractSet[str] | None, deny: AbstractSet[str]) -> None:
     eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
     _check_allow_list(allow, {ep.name for ep in eps})
     seen: set[str] = set()
@@ -191,7 +185,7 @@ _host_lock = threading.Lock()
 def get_plugin_host() -> PluginHost:
     """The process-wide host, built on first use: the host of every load that names none.
 
-    A load's own host is its session's (:func:`loader._session.current_session`).
+    A load's own host is its session's (:func:`current_plugin_host`).
     """
     global _host
     with _host_lock:
@@ -200,13 +194,23 @@ def get_plugin_host() -> PluginHost:
         return _host
 
 
+def current_plugin_host() -> PluginHost:
+    """The plugin host of the load in progress (its session's), else the process-wide one.
+
+    Builds no default session, so it imports no torch: ``loader plugins`` and
+    ``loader models`` stay light.
+    """
+    session = active_session()
+    if session is not None and session.host is not None:
+        return session.host
+    return get_plugin_host()
+
+
 @contextmanager
 def use_plugin_host(host: PluginHost) -> Iterator[PluginHost]:
     """Make ``host`` the load session's host for the block (this thread only; tests use fresh ones).
 
     Nothing process-wide changes: another thread keeps its own session's host.
     """
-    from ._session import current_session, load_session
-
     with load_session(attrs.evolve(current_session(), host=host)):
         yield host

@@ -37,6 +37,7 @@ PUBLIC_MODULES = (
     "loader.layers",
     "loader.lazy",
     "loader.models",
+    "loader.settings",
     "loader.testing",
     "loader.weights",
 )

@@ -15,6 +15,7 @@ __all__ = [
     "MissingWeightsError",
     "PackedSplitError",
     "PluginError",
+    "SettingError",
     "ShapeMismatchError",
     "SourceNotFoundError",
     "UnexpectedWeightError",
@@ -36,7 +37,26 @@ class CheckpointFormatError(LoadError):
 
 
 class ConfigError(LoadError):
-    """The model configuration is missing, unreadable or inconsistent."""
+    """The configuration is missing, unreadable or inconsistent: the model's, or the process's (its environment)."""
+
+
+class SettingError(ConfigError):
+    """An environment variable (a ``LOADER_*`` setting, :mod:`loader.settings`) holds a value it cannot take.
+
+    Raised when the setting is read, not when the process starts, so it names the
+    variable, the value as it was set and what the variable accepts:
+    ``LOADER_READ_THREADS='many': expected a whole number of threads (at least 1)``.
+    :attr:`name`, :attr:`value` and :attr:`expected` hold the three parts.
+    """
+
+    def __init__(self, name: str, value: str, expected: str, message: str | None = None) -> None:
+        self.name = name
+        self.value = value
+        self.expected = expected
+        super().__init__(message if message is not None else f"{name}={value!r}: expected {expected}")
+
+    def __reduce__(self) -> tuple[type[SettingError], tuple[str, str, str, str]]:
+        return type(self), (self.name, self.value, self.expected, str(self))  # so it crosses processes whole
 
 
 class UnknownArchitectureError(LoadError):

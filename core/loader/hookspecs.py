@@ -136,9 +136,9 @@ def loader_iter_weights(
     :param source: the resolved source.
     :param weight_format: the chosen format with the filtered files.
     :param options: the load options (target dtype and device, TP rank/size);
-        ``options.extra["format_options"]`` holds the user's options for the format
+        ``options.format_options`` holds the user's options for the format
         (``load_model(format_options=...)``, ``--format-option``), and
-        ``options.extra["headers_only"]`` is true when the caller reads only names,
+        ``options.headers_only`` is true when the caller reads only names,
         shapes and dtypes (``loader inspect``), so a streaming format need not fetch values
         (yield :class:`~loader.weights.HeaderOnlyTensor` handles built from the headers).
     :param stats: counter of bytes read.
@@ -191,7 +191,11 @@ def loader_detect_quantization(
 
     :param hf_config: the model configuration.
     :param requested: the ``quantization`` argument of ``load_model``, or ``None``.
-    :param options: the load options (``options.extra`` carries method options).
+    :param options: the load options: ``options.quantization_options`` holds the user's
+        options for the method (``load_model(quantization_options=...)``), and
+        ``options.weight_format``, ``options.weight_files`` and ``options.dtype_auto``
+        say what the checkpoint resolved to (the format's name, its files, whether
+        the dtype came from ``"auto"``).
     :returns: the plugin's quantization config, or ``None``. Each quantizable
         layer asks it for its method (``QuantizationConfig.get_quant_method(layer,
         prefix)``); the pipeline gives it the model's fused-module table first.

@@ -237,7 +237,7 @@ class EagerTensor(CheckpointTensor):
 class HeaderOnlyTensor(CheckpointTensor):
     """A tensor known from a header only (its name, dtype and shape); its values were not fetched.
 
-    What a stream built for ``loader inspect`` (``options.extra["headers_only"]``) yields, for remote
+    What a stream built for ``loader inspect`` (``options.headers_only``) yields, for remote
     files whose bytes it must not download (``s3://`` objects, Hub files). Narrowing works;
     reading raises.
     """

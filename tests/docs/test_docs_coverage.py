@@ -1,4 +1,5 @@
-"""The docs cover the plugin surface: every hook, public API name and CLI command and flag (scripts/docgen/coverage.py).
+"""The docs cover the plugin surface: every hook, public API name, CLI command and flag (scripts/docgen/coverage.py)
+and ``LOADER_*`` environment variable (scripts/docgen/settings_reference.py).
 
 The committed docs are checked against the real hookspecs, ``__all__`` lists
 and parser; then each kind of gap is made on purpose — a synthetic hook, API
@@ -18,6 +19,7 @@ import pytest
 
 from loader import hookspecs
 from loader._public_api import PUBLIC_MODULES, public_names
+from loader.settings import FLAG, Setting
 from scripts.docgen.cli_reference import render_cli
 from scripts.docgen.coverage import (
     documented_members,
@@ -28,7 +30,13 @@ from scripts.docgen.coverage import (
     missing_hooks,
 )
 from scripts.docgen.hook_reference import hook_specs, render_hooks
-from scripts.gen_docs import docs_parser
+from scripts.docgen.settings_reference import (
+    missing_settings,
+    source_files,
+    undeclared_variables,
+    with_settings_table,
+)
+from scripts.gen_docs import declared_settings, docs_parser
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -155,3 +163,51 @@ def test_a_public_name_the_built_site_did_not_render_fails(tmp_path: Path) -> No
               "loader.io": frozenset({"io_pool", "io_threads"})}
     assert missing_from_site(tmp_path, public) == [
         f"{tmp_path}/reference/loader.io/index.html: public name loader.io.io_threads was not rendered"]
+
+
+# --- environment variables: the user guide's table is rendered from the declared settings ---------------------
+
+
+def _user_guide() -> str:
+    return _page("user-guide.md")
+
+
+def test_the_user_guide_documents_every_declared_variable_and_no_internal_one() -> None:
+    users, internal, _ = declared_settings()
+    assert {"LOADER_READ_THREADS", "LOADER_GGUF_PACKED_CACHE"} <= {s.name for s in users}  # core's and a plugin's
+    assert missing_settings(_user_guide(), users, internal) == []
+    assert "LOADER_TP_LAUNCHED" not in _user_guide()
+
+
+def test_a_declared_variable_missing_from_the_table_fails_and_regenerating_adds_it() -> None:
+    users, internal, _ = declared_settings()
+    extra = Setting("LOADER_FROBNICATE", FLAG, default=False, doc="`1`: frobnicate the weights")
+    assert missing_settings(_user_guide(), [*users, extra], internal) == [
+        "docs/user-guide.md: environment variable LOADER_FROBNICATE is not documented (run python scripts/gen_docs.py)"]
+    regenerated = with_settings_table(_user_guide(), [*users, extra])
+    assert missing_settings(regenerated, [*users, extra], internal) == []
+    assert ("| `LOADER_FROBNICATE` | a yes/no value (1, true, yes, on / 0, false, no, off) | 0 | "
+            "`1`: frobnicate the weights |") in regenerated
+
+
+def test_an_internal_variable_in_the_users_table_fails() -> None:
+    users, internal, _ = declared_settings()
+    shown = with_settings_table(_user_guide(), [*users, *internal])
+    assert missing_settings(shown, users, internal) == [
+        "docs/user-guide.md: LOADER_TP_LAUNCHED is internal (loader sets it for itself) but is in the users' table"]
+
+
+def test_a_variable_the_code_reads_without_declaring_it_fails(tmp_path: Path) -> None:
+    (tmp_path / "core" / "loader").mkdir(parents=True)
+    (tmp_path / "core" / "loader" / "knob.py").write_text('import os\n\nX = os.environ.get("LOADER_SECRET_KNOB")\n')
+    (tmp_path / "plugins" / "toy" / "src" / "toy").mkdir(parents=True)
+    (tmp_path / "plugins" / "toy" / "src" / "toy" / "plugin.py").write_text('"""``LOADER_TOY_MODE=fast``."""\n')
+    assert undeclared_variables(tmp_path, ["LOADER_TOY_MODE"], {}) == [
+        "core/loader/knob.py:3: LOADER_SECRET_KNOB is not declared as a setting (loader._settings, or the plugin's "
+        "own settings module listed in scripts/gen_docs.py)"]
+
+
+def test_every_variable_the_code_mentions_is_declared() -> None:
+    users, internal, not_variables = declared_settings()
+    assert undeclared_variables(REPO, [s.name for s in users + internal], not_variables) == []
+    assert len(source_files(REPO)) > 100  # it looked at the core and the plugins

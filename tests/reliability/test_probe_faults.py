@@ -127,7 +127,7 @@ def test_bad_probe_timeout_is_one_line_exit_2(toys, capsys, monkeypatch, value: 
         assert capsys.readouterr().err == f"error: {message}\n"
         assert main(["models", "--json"]) == 2  # with --json, the error is JSON on stdout
         out, err = capsys.readouterr()
-    assert err == "" and json.loads(out) == {"error": message, "type": "ConfigError", "exit_code": 2}
+    assert err == "" and json.loads(out) == {"error": message, "type": "SettingError", "exit_code": 2}
 
 
 # --- the cache ------------------------------------------------------------------------------------------

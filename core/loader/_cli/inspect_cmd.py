@@ -36,7 +36,7 @@ def inspect_source(location: str, load_format: str = "auto", revision: str | Non
     check_model_impl(model_impl)
     # headers_only: a remote format (s3://, a Hub id) lists tensors from headers instead of fetching them
     options = LoadOptions(dtype=torch.float32, device=torch.device("cpu"), load_format=load_format,
-                          revision=revision, extra={"headers_only": True})
+                          revision=revision, headers_only=True)
     prepared = prepare_checkpoint(location, options)
     archs = prepared.architectures
     registry = get_registry()

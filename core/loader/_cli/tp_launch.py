@@ -19,12 +19,13 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from .._settings import TP_LAUNCHED
 from ..errors import ConfigError
 from .parser import EXIT_USER_ERROR
 
 __all__ = ["LAUNCHED_ENV", "launch_needed", "launch_workers", "quiet_other_ranks", "worker_exit"]
 
-LAUNCHED_ENV = "LOADER_TP_LAUNCHED"
+LAUNCHED_ENV = TP_LAUNCHED.name
 
 
 def launch_needed(size: int, environ: dict[str, str] | None = None) -> bool:
@@ -70,7 +71,7 @@ def launch_workers(size: int, argv: Sequence[str]) -> int:
 
 def quiet_other_ranks() -> None:
     """In a launched worker of rank > 0, drop stdout: rank 0 reports for all."""
-    if os.environ.get(LAUNCHED_ENV) == "1" and os.environ.get("RANK", "0") != "0":
+    if TP_LAUNCHED.read() and os.environ.get("RANK", "0") != "0":
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of this process's life
 
 
@@ -81,7 +82,7 @@ def worker_exit(code: int) -> int:
     exception``, pytorch/pytorch#179291; 1 run in 8 here under load), which the launcher would report as a
     failed worker after a successful load. Anything else returns ``code``.
     """
-    if os.environ.get(LAUNCHED_ENV) != "1":
+    if not TP_LAUNCHED.read():
         return code
     import torch.distributed as dist
 

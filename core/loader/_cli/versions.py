@@ -51,7 +51,7 @@ class VersionAction(argparse.Action):
                  option_string: str | None = None) -> None:
         try:
             host = create_plugin_host()  # loads every entry point: an import failure shows as such
-        except LoadError as exc:  # a LOADER_PLUGINS name no plugin has
+        except LoadError as exc:  # a bad LOADER_PLUGINS / LOADER_DISABLE_PLUGINS (SettingError)
             parser.exit(2, f"error: {' '.join(str(exc).split())}\n")
         sys.stdout.write("\n".join(version_lines(host, _core_version())) + "\n")
         parser.exit()

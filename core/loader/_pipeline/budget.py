@@ -8,10 +8,9 @@ the process dying in the allocator or the kernel's OOM killer.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from .._settings import SKIP_MEMORY_CHECK
 from ..errors import UnsupportedError
 
 __all__ = ["available_bytes", "check_fits"]
@@ -45,7 +44,7 @@ def check_fits(needed: int, device: torch.device, what: str) -> None:
 
     ``LOADER_SKIP_MEMORY_CHECK=1`` turns the check off (overcommitted hosts, unified memory).
     """
-    if os.environ.get("LOADER_SKIP_MEMORY_CHECK", "") in ("1", "true", "yes"):
+    if SKIP_MEMORY_CHECK.read():
         return
     free = available_bytes(device)
     if free is not None and needed > free:

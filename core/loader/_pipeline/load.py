@@ -30,8 +30,8 @@ from .. import _distributed, _hooks
 from .._context import ModelContext
 from .._mapped_parameters import background_population
 from .._options import LoadOptions, check_model_impl, parse_dtype
-from .._plugins import PluginHost
-from .._session import LoadSession, current_plugin_host, current_session, load_session
+from .._plugins import PluginHost, current_plugin_host
+from .._session import LoadSession, current_session, load_session
 from ..errors import ConfigError, LoadError, PluginError, UnsupportedError
 from ..weights import CheckpointTensor, ReadStats
 from .budget import check_fits
@@ -166,14 +166,10 @@ def build_options(
     _distributed.init_distributed(requested_device)
     resolved_device = _resolve_device(requested_device)
     parsed = torch.bfloat16 if dtype is None or (isinstance(dtype, str) and dtype == "auto") else parse_dtype(dtype)
-    extra: dict[str, Any] = {"dtype_auto": isinstance(dtype, str) and dtype == "auto"}
-    if quantization_options:
-        extra["quantization_options"] = dict(quantization_options)
-    if format_options:
-        extra["format_options"] = dict(format_options)
     return LoadOptions(
         dtype=parsed, device=resolved_device, load_format=load_format, quantization=quantization,
-        revision=revision, model_impl=model_impl, extra=extra,
+        revision=revision, model_impl=model_impl, quantization_options=quantization_options,
+        format_options=format_options, dtype_auto=isinstance(dtype, str) and dtype == "auto",
     )
 
 
@@ -267,16 +263,15 @@ def resolve_options(prepared: PreparedCheckpoint, options: LoadOptions, dtype_ar
     """``options`` with the dtype resolved against the checkpoint, and what quantization detection needs to know.
 
     No dtype asked for means the format's default (``"bfloat16"``; GGUF says ``"auto"``, see
-    :class:`~loader.checkpoint.WeightFormat`). ``extra`` gains ``dtype_auto``, ``weight_format`` and
-    ``weight_files``, which a plugin's ``loader_detect_quantization`` reads (GGUF keeps blocks packed for
+    :class:`~loader.checkpoint.WeightFormat`). ``dtype_auto``, ``weight_format`` and ``weight_files`` are
+    filled in, which a plugin's ``loader_detect_quantization`` reads (GGUF keeps blocks packed for
     ``auto``, and plans each layer's kernel from the files' headers). A load and ``loader inspect --layers``
     both resolve through here, so a plan shows what the load will do.
     """
     requested = prepared.weight_format.default_dtype if dtype_arg is None else dtype_arg
     dtype = _resolve_dtype(requested, prepared.hf_config)
-    extra = {**options.extra, "dtype_auto": isinstance(requested, str) and requested == "auto",
-             "weight_format": prepared.weight_format.name, "weight_files": prepared.weight_format.files}
-    return attrs.evolve(options, dtype=dtype, extra=extra)
+    return attrs.evolve(options, dtype=dtype, dtype_auto=isinstance(requested, str) and requested == "auto",
+                        weight_format=prepared.weight_format.name, weight_files=prepared.weight_format.files)
 
 
 def _load(source: str, options: LoadOptions, dtype_arg: Any, progress: bool, start: float,

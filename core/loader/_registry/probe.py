@@ -22,7 +22,8 @@ import sys
 import sysconfig
 from collections.abc import Mapping, Sequence
 
-from ..errors import ConfigError, PluginError
+from .._settings import PROBE_IN_PROCESS, PROBE_TIMEOUT
+from ..errors import PluginError
 from .capabilities import ModelInfo, ModelInfoError, inspect_model_class
 from .entry import RegisteredModel
 
@@ -37,7 +38,7 @@ __all__ = [
     "wants_in_process_probe",
 ]
 
-DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_TIMEOUT_S = PROBE_TIMEOUT.default
 STDERR_TAIL_CHARS = 2000
 
 ProbeOutcome = ModelInfo | PluginError
@@ -45,24 +46,13 @@ ProbeOutcome = ModelInfo | PluginError
 
 
 def probe_timeout(environ: Mapping[str, str] | None = None) -> float:
-    """Seconds the child may run: ``LOADER_PROBE_TIMEOUT`` or 120."""
-    env = os.environ if environ is None else environ
-    raw = env.get("LOADER_PROBE_TIMEOUT")
-    if raw is None or not raw.strip():
-        return DEFAULT_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ConfigError(f"LOADER_PROBE_TIMEOUT={raw!r}: expected a positive number of seconds")
-    return value
+    """Seconds the child may run: ``LOADER_PROBE_TIMEOUT`` or 120 (bad: :class:`~loader.errors.SettingError`)."""
+    return PROBE_TIMEOUT.read(environ)
 
 
 def wants_in_process_probe(environ: Mapping[str, str] | None = None) -> bool:
-    """``LOADER_PROBE_IN_PROCESS`` set to 1/true/yes."""
-    env = os.environ if environ is None else environ
-    return env.get("LOADER_PROBE_IN_PROCESS", "").strip().lower() in {"1", "true", "yes", "on"}
+    """``LOADER_PROBE_IN_PROCESS`` set to a yes value (1, true, yes, on)."""
+    return PROBE_IN_PROCESS.read(environ)
 
 
 def _describe(entries: Sequence[RegisteredModel]) -> str:

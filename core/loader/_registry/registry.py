@@ -2,8 +2,7 @@
 
 Plugins register through ``loader_register_architectures(register)`` with
 ``register("Arch", "package.module:Class")``. :class:`ModelRegistry` collects
-those, imports a class
-only when a load needs it (:meth:`ModelRegistry.resolve`), and answers
+those, imports a class only when a load needs it (:meth:`ModelRegistry.resolve`), and answers
 :meth:`ModelRegistry.model_info` from memory, the disk cache, or one probe
 child for everything still unknown, never by importing a model module here.
 
@@ -25,7 +24,6 @@ out-of-tree model replace a built-in one.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -33,7 +31,10 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from .._hooks import register_architectures
 from .._options import check_model_impl
+from .._plugins import current_plugin_host
+from .._settings import OVERRIDE_ARCHITECTURES
 from ..errors import PluginError, UnknownArchitectureError
 from .entry import RegisteredModel, check_class_path
 
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = ["OVERRIDE_ENV", "ModelChoice", "ModelRegistry", "get_registry", "model_info", "override_setting"]
 
-OVERRIDE_ENV = "LOADER_OVERRIDE_ARCHITECTURES"
+OVERRIDE_ENV = OVERRIDE_ARCHITECTURES.name
 log = logging.getLogger(__name__)
 
 
@@ -54,10 +55,8 @@ def override_setting(environ: Mapping[str, str] | None = None) -> frozenset[str]
 
     Comma-separated names, or ``*`` for every architecture; unset or empty overrides nothing.
     """
-    from .._plugins import comma_names  # the allow/deny lists' parsing, so all three settings read alike
+    return OVERRIDE_ARCHITECTURES.read(environ)
 
-    env = os.environ if environ is None else environ
-    return frozenset(comma_names(env.get(OVERRIDE_ENV)) or ())
 
 @attrs.frozen
 class ModelChoice:
@@ -93,11 +92,8 @@ class ModelRegistry:
 
     @property
     def cache(self) -> ProbeCache:
-        """The disk cache of probed info, made on first use.
-
-        Its default folder comes from ``platformdirs``, whose import holds about 0.35 MiB of Python
-        objects (tracemalloc); a load never reads probed info, so it never pays that.
-        """
+        """The disk cache of probed info, made on first use: a load never reads probed info, so it never
+        imports the cache or ``platformdirs``."""
         from .cache import ProbeCache
 
         with self._lock:
@@ -108,9 +104,6 @@ class ModelRegistry:
     @classmethod
     def from_host(cls, host: PluginHost | None = None, *, cache: ProbeCache | None = None) -> ModelRegistry:
         """Ask every plugin of ``host`` (default: the process-wide host) to register its architectures."""
-        from .._hooks import register_architectures
-        from .._session import current_plugin_host
-
         host = host if host is not None else current_plugin_host()
         registry = cls() if cache is None else cls(cache=cache, overrides=override_setting())
         register_architectures(registry.callback_for, host)
@@ -381,8 +374,6 @@ _registries_lock = threading.Lock()
 def get_registry(host: PluginHost | None = None) -> ModelRegistry:
     """The registry of ``host`` (default: the load session's host), built once per host object."""
     if host is None:
-        from .._session import current_plugin_host
-
         host = current_plugin_host()
     key = id(host)
     with _registries_lock:

@@ -1,7 +1,7 @@
 """The core's own source resolution: a local path, else a Hub id.
 
 A Hub id is downloaded as a snapshot (:mod:`.hub`), except for ``loader inspect``
-(``options.extra["headers_only"]``) of a safetensors repository, which is read in
+(``options.headers_only``) of a safetensors repository, which is read in
 place, headers only (:mod:`.hub_files`).
 
 Registered as plugin ``core.sources`` with ``trylast`` so plugins that claim
@@ -93,7 +93,7 @@ def loader_resolve_source(location: str, options: LoadOptions) -> Source | None:
     if looks_like_hub_id(location):
         from .hub import download_snapshot
 
-        if options.extra.get("headers_only"):  # loader inspect: side files and headers, never the weights
+        if options.headers_only:  # loader inspect: side files and headers, never the weights
             from .hub_files import hub_header_source
 
             remote = hub_header_source(location, options.revision, options.load_format)

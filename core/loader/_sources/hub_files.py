@@ -1,7 +1,7 @@
 """A Hub repository read file by file, for ``loader inspect``: side files fetched, weights' headers only.
 
 ``loader inspect org/name`` needs the config, the index and each shard's
-safetensors header, never the tensors. With ``options.extra["headers_only"]``
+safetensors header, never the tensors. With ``options.headers_only``
 set, a Hub id resolves to a remote :class:`~loader.checkpoint.Source` whose
 reader is a :class:`HubFiles` (one ``model_info`` request lists the commit and
 its files); the core reads ``config.json`` and the index through it

@@ -41,11 +41,12 @@ import torch
 
 from .._native_build import build_library, load_library
 from .._native_build import compiler as find_compiler
+from .._settings import NATIVE_REPACK
 
 __all__ = ["ENV_SWITCH", "SOURCE", "NativeRepack", "build_library", "native_repack",
            "native_repack_unavailable_reason"]
 
-ENV_SWITCH = "LOADER_NATIVE_REPACK"
+ENV_SWITCH = NATIVE_REPACK.name
 """Set to ``0`` to pack with torch only (the compiled helpers are neither built nor loaded)."""
 
 SOURCE = Path(__file__).with_name("native_packing.c")
@@ -167,7 +168,7 @@ def native_repack() -> NativeRepack | None:
 def _find_or_build() -> NativeRepack | None:
     global _reason
     _reason = None
-    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+    if not NATIVE_REPACK.read():
         _reason = f"{ENV_SWITCH}=0"
         return None
     compiler = find_compiler()

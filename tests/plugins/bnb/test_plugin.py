@@ -26,8 +26,7 @@ BNB_CHECKPOINT = {
 
 
 def _options(**quantization_options) -> LoadOptions:
-    extra = {"quantization_options": quantization_options} if quantization_options else {}
-    return LoadOptions(dtype=torch.float32, device=torch.device("cpu"), extra=extra)
+    return LoadOptions(dtype=torch.float32, device=torch.device("cpu"), quantization_options=quantization_options)
 
 
 def _detect(hf_config, requested, **quantization_options):

@@ -18,8 +18,7 @@ from tests.helpers.gptq_checkpoints import gptq_quantization_config
 
 
 def _detect(hf_config, requested=None, **quantization_options):
-    extra = {"quantization_options": quantization_options} if quantization_options else {}
-    options = LoadOptions(dtype=torch.float32, device=torch.device("cpu"), extra=extra)
+    options = LoadOptions(dtype=torch.float32, device=torch.device("cpu"), quantization_options=quantization_options)
     return hooks.detect_quantization(hf_config, requested, options, create_plugin_host())
 
 

@@ -4,7 +4,7 @@ Two ways in, one config:
 
 * in flight — ``load_model(..., quantization="bitsandbytes",
   quantization_options={...})``; the options arrive as
-  ``LoadOptions.extra["quantization_options"]`` and are checked here;
+  ``LoadOptions.quantization_options`` and are checked here;
 * pre-quantized — ``config.json`` carries ``quantization_config`` with
   ``quant_method: "bitsandbytes"`` as ``transformers`` writes it; the packed
   tensors' own headers then say the blocksize and quant type of each weight.

@@ -38,4 +38,4 @@ def loader_detect_quantization(
         return None  # the common case, answered before importing the config classes
     from .detection import detect_bitsandbytes
 
-    return detect_bitsandbytes(hf_config, requested, options.extra.get("quantization_options"))
+    return detect_bitsandbytes(hf_config, requested, options.quantization_options)

@@ -80,7 +80,7 @@ def loader_detect_quantization(hf_config: Mapping[str, Any], requested: str | No
     load's GGUF files (``weight_files``) go with it, so ``loader inspect --layers`` plans every layer from
     their headers.
     """
-    if requested not in ("gguf", None) or (requested is None and options.extra.get("weight_format") != FORMAT_NAME):
+    if requested not in ("gguf", None) or (requested is None and options.weight_format != FORMAT_NAME):
         return None
     from .packed_cache import cache_requested
     from .packed_linear import GGUFQuantConfig, kernel_dtype_for, kernel_dtype_requested, packing_requested
@@ -88,10 +88,10 @@ def loader_detect_quantization(hf_config: Mapping[str, Any], requested: str | No
     kernel_dtype = kernel_dtype_requested(options) or kernel_dtype_for(options.dtype)
     use_cache = cache_requested(options)
     # the files' headers let each layer plan its kernel before loading (``loader inspect --layers``)
-    files = tuple(options.extra.get("weight_files", ())) if options.extra.get("weight_format") == FORMAT_NAME else ()
+    files = options.weight_files if options.weight_format == FORMAT_NAME else ()
     if requested == "gguf" or packing_requested(options):
         # dtype auto: what cannot stay packed is dequantized to the kernel's dtype, not float32
-        dense_dtype = kernel_dtype if options.extra.get("dtype_auto") else None
+        dense_dtype = kernel_dtype if options.dtype_auto else None
         return GGUFQuantConfig(kernel_dtype=kernel_dtype, dense_dtype=dense_dtype, files=files,
                                head_type=_output_head_type(files), use_packed_cache=use_cache)
     return None

@@ -36,4 +36,4 @@ def loader_detect_quantization(
         return None  # the common case, answered before importing the config classes
     from .detection import detect_packed
 
-    return detect_packed(hf_config, requested, options.extra.get("quantization_options"))
+    return detect_packed(hf_config, requested, options.quantization_options)

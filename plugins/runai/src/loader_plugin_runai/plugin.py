@@ -58,18 +58,18 @@ def loader_detect_format(source: Source, requested: str) -> WeightFormat | None:
 def loader_iter_weights(
     source: Source, weight_format: WeightFormat, options: LoadOptions, stats: ReadStats
 ) -> WeightStream | None:
-    """Stream this plugin's formats; with ``options.extra["headers_only"]``, headers alone (``loader inspect``)."""
+    """Stream this plugin's formats; with ``options.headers_only``, headers alone (``loader inspect``)."""
     if weight_format.name not in FORMATS:
         return None
     snapshot = weight_format.extra.get("snapshot")
     if snapshot is not None:
         snapshot = snapshot.only(weight_format.files)
-    if options.extra.get("headers_only"):
+    if options.headers_only:
         from .headers import iter_declared_tensors
 
         return iter_declared_tensors(weight_format.files, snapshot, stats)
     from .settings import StreamerSettings
     from .stream import iter_streamed_weights
 
-    settings = StreamerSettings.from_options(options.extra.get("format_options") or {})
+    settings = StreamerSettings.from_options(options.format_options)
     return iter_streamed_weights(weight_format.files, settings, stats, where=source.display(), snapshot=snapshot)
