@@ -9,6 +9,8 @@
   :class:`Int8GroupedWeight`, :func:`int8_grouped_unsupported_reason`).
 - The compiled packing helpers (:func:`native_repack`, built on first use with ``$CC``; torch writes the same
   bytes without them) and :func:`packed_layout_fingerprint`, a digest of what decides packed bytes.
+- The packed-weights bundle (:class:`PackedBundle`): what a quantize method packed, kept on disk and mapped
+  copy-on-write by the next load of the same files (:func:`source_identity`, :func:`packing_salt` name it).
 
 Plugins import these names from ``loader.kernels``; its submodules are internal. Names are imported on first
 access (:func:`loader.lazy.lazy_exports`), so naming :class:`KernelChoice` in a light module does not pull in
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING
 from ..lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from .bundle import PackedBundle, packing_salt, source_identity
     from .choice import KernelChoice, KernelOption, choose_kernel
     from .fingerprint import packed_layout_fingerprint
     from .int4_cpu import (
@@ -51,6 +54,7 @@ __all__ = [
     "KernelChoice",
     "KernelOption",
     "NativeRepack",
+    "PackedBundle",
     "choose_kernel",
     "int4_scales_and_zeros",
     "int4_unsupported_reason",
@@ -63,10 +67,15 @@ __all__ = [
     "pack_int8",
     "pack_int8_grouped",
     "packed_layout_fingerprint",
+    "packing_salt",
+    "source_identity",
     "torch_int4_block_n",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, globals(), {
+    "PackedBundle": ".bundle",
+    "packing_salt": ".bundle",
+    "source_identity": ".bundle",
     "KernelChoice": ".choice",
     "KernelOption": ".choice",
     "choose_kernel": ".choice",

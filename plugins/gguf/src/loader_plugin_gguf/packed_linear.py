@@ -34,8 +34,8 @@ Every reason is decided from block types and shapes before a block is read,
 so ``loader inspect --layers`` plans each layer from the header alone
 (:meth:`GGUFLinearMethod.layer_plan`, :mod:`.layer_plan`).
 
-What a packing call makes is kept on disk between loads (:mod:`.packed_cache`,
-:meth:`GGUFQuantConfig.cached_unit`): a later load of the same file maps the
+What a packing call makes is kept on disk between loads (:class:`loader.kernels.PackedBundle`, keyed by
+:mod:`.packed_cache`; :meth:`GGUFQuantConfig.cached_unit`): a later load of the same file maps the
 bytes the first one packed instead of packing them into fresh memory again.
 
 The kernel computes in bfloat16 (float16 when the load dtype is float16): in
@@ -122,7 +122,7 @@ if TYPE_CHECKING:
     from loader.checkpoint import LoadOptions
     from loader.layers import NarrowedPart, QuantizeMethodBase
 
-    from .packed_cache import PackedCache
+    from loader.kernels import PackedBundle
 
 __all__ = ["METHOD_NAME", "GGUFLayerState", "GGUFLinearMethod", "GGUFQuantConfig", "LayerSegment",
            "RankSplit",
@@ -180,7 +180,7 @@ def kernel_dtype_requested(options: LoadOptions) -> torch.dtype | None:
 
 _FLOAT_TYPE_NAMES = ("F32", "F16", "BF16", "F64")
 _PACKED_CACHE_LOCK = threading.Lock()
-"""Guards making a config's :class:`~loader_plugin_gguf.packed_cache.PackedCache` (layers ask from worker threads);
+"""Guards making a config's :class:`~loader.kernels.PackedBundle` (layers ask from worker threads);
 module-wide, so the config itself holds no lock."""
 
 
@@ -211,13 +211,13 @@ class GGUFQuantConfig(QuantizationConfig):
     (:mod:`~loader_plugin_gguf.packed_cache`)."""
     _header_tensors: dict[str, CheckpointTensor] | None = attrs.field(default=None, init=False, eq=False,
                                                                       repr=False)
-    _packed_cache: PackedCache | None = attrs.field(default=None, init=False, eq=False, repr=False)
+    _packed_cache: PackedBundle | None = attrs.field(default=None, init=False, eq=False, repr=False)
     """During the load only: :meth:`finish_packed_cache` keeps its report and lets it go (it holds a lock and the
     bundle's map, and ``torch.save(model)`` pickles this config with every layer's method)."""
     _packed_cache_report: dict[str, Any] | None = attrs.field(default=None, init=False, eq=False, repr=False)
 
-    def packed_cache(self) -> PackedCache | None:
-        """This load's :class:`~loader_plugin_gguf.packed_cache.PackedCache` (made on first use, in the load's
+    def packed_cache(self) -> PackedBundle | None:
+        """This load's :class:`~loader.kernels.PackedBundle` (made on first use, in the load's
         session: the bundle is per tensor parallel rank and size), ``None`` when it is off or the files unknown."""
         if not self.use_packed_cache or not self.files or self._packed_cache_report is not None:
             return None
@@ -225,13 +225,13 @@ class GGUFQuantConfig(QuantizationConfig):
             if self._packed_cache is None:
                 from loader.models import current_session
 
-                from .packed_cache import PackedCache, cache_folder
+                from .packed_cache import open_bundle
 
                 session = current_session()
                 variant = {"tp_rank": session.tp_rank, "tp_size": session.tp_size,
                            "kernel_dtype": None if self.kernel_dtype is None else dtype_name(self.kernel_dtype),
                            "dense_dtype": None if self.dense_dtype is None else dtype_name(self.dense_dtype)}
-                self._packed_cache = PackedCache(cache_folder(), self.files, variant)
+                self._packed_cache = open_bundle(self.files, variant)
             return self._packed_cache
 
     def finish_packed_cache(self) -> None:
@@ -249,13 +249,7 @@ class GGUFQuantConfig(QuantizationConfig):
         cache = self.packed_cache() if key is not None else None
         if cache is None or key is None:
             return build()
-        found = cache.lookup(key, expected)
-        if found is not None:
-            return found
-        built = build()
-        if built is not None:
-            cache.store(key, built)
-        return built
+        return cache.cached(key, build, expected)
 
     def header_tensors(self) -> dict[str, CheckpointTensor]:
         """Every tensor of :attr:`files` under the name a load gives it, read from the headers only (cached).
