@@ -2,9 +2,9 @@
 
 ``os.preadv``, ``numpy`` byte copies and C calls through ``ctypes`` release
 the GIL, so a few threads keep a page-cache copy or an NVMe queue busier than
-one (two threads read a warm 200 MB range at ~22 GB/s here against ~17 GB/s
-for one). Formats and the core share this pool rather than each starting its
-own. ``LOADER_READ_THREADS`` sets its size (default: the CPU count, at most 8).
+one (benchmarks/RESULTS.md, "Read paths"). Formats and the core share this
+pool rather than each starting its own. ``LOADER_READ_THREADS`` sets its size
+(default: the CPU count, at most 8).
 The pool is rebuilt in a forked child, which has none of the parent's threads.
 """
 

@@ -1,15 +1,14 @@
 """CPU parameters whose pages are the checkpoint file's own page cache, instead of a copy of it.
 
-Why: copying a warm checkpoint is cheap (~15 GB/s from the page cache here);
+Why: copying a warm checkpoint is cheap (a memcpy from the page cache);
 what a load into *fresh* memory pays is the first touch of every page. On a
-VM that hands free memory back to its host (free page reporting, as on this
-project's machines) each fresh page also faults in the host, so writing 1 GB
-of new huge-page memory took anywhere from 0.08 s to 0.77 s from one process
-to the next. Bytes stored in the file exactly as the parameter holds them
+VM that hands free memory back to its host (free page reporting) each fresh
+page also faults in the host, so writing new memory is slow and varies
+widely from one process to the next. Bytes stored in the file exactly as the parameter holds them
 (same dtype, one contiguous run: see :meth:`~loader.weights.CheckpointTensor.file_span`)
 need no new memory: mapping the file privately at the parameter's address
-and populating the page tables costs ~0.05 s/GB with 4 KiB page table
-entries, the same every time, and ~0.002 s/GB where the page cache holds the
+and populating the page tables costs the same every time with 4 KiB entries,
+and far less (benchmarks/RESULTS.md) where the page cache holds the
 file in 2 MiB folios (ext4 and xfs on recent kernels) and the address is
 congruent to the file offset modulo 2 MiB, so that one entry maps a whole folio.
 
@@ -321,8 +320,8 @@ def _populate(address: int, length: int, loaded: CheckpointTensor) -> None:
 
 def _pread_exact(fd: int, address: int, length: int, offset: int, loaded: CheckpointTensor) -> None:
     """Read a partial page. The region around it is advised for huge pages, and a 2 MiB page faulted in for
-    a few bytes is zeroed whole, then split when the next part maps over it (measured: 0.1 ms to 4.7 ms
-    each, against microseconds for a small page), so the page is first taken out of that advice."""
+    a few bytes is zeroed whole, then split when the next part maps over it (far slower than a small
+    page: benchmarks/RESULTS.md), so the page is first taken out of that advice."""
     if length <= 0:
         return
     assert _libc is not None
@@ -336,7 +335,7 @@ def _pread_exact(fd: int, address: int, length: int, offset: int, loaded: Checkp
 #
 # Mapping makes a parameter's contents right at once; populating only makes
 # the pages present, so that the first forward pass does not fault them in.
-# It costs about what copying would (0.066 s for 1 GB here), runs in the
+# It costs about what copying would, runs in the
 # kernel without the GIL and splits across threads, but it holds the address
 # space lock that ``mmap`` needs: run while parameters are still being mapped,
 # it slows every ``mmap`` call down as much as it saves. So inside a load the

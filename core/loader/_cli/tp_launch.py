@@ -79,7 +79,7 @@ def worker_exit(code: int) -> int:
     """A launched worker leaves with ``os._exit`` once its output is flushed and its group destroyed.
 
     gloo's threads now and then abort a finishing interpreter (``terminate called without an active
-    exception``, pytorch/pytorch#179291; 1 run in 8 here under load), which the launcher would report as a
+    exception``, pytorch/pytorch#179291; more often under load), which the launcher would report as a
     failed worker after a successful load. Anything else returns ``code``.
     """
     if not TP_LAUNCHED.read():

@@ -1,4 +1,4 @@
-"""``load_model``: the four steps of the seed's DefaultModelLoader, then verification.
+"""``load_model``: the four steps of vLLM's DefaultModelLoader, then verification.
 
 1. prepare (:mod:`.prepare`): source, format, files, config;
 2. iterate: the format plugin's lazy ``(name, CheckpointTensor)`` stream;
@@ -93,8 +93,8 @@ def _collector_paused() -> Iterator[None]:
     """Hold off Python's cyclic garbage collector for the duration of a load.
 
     Building a model allocates thousands of objects, which triggers full
-    collections that walk everything torch has imported: measured here, half
-    of a 1 GB load's time (0.18 s with the collector, 0.09 s without). The
+    collections that walk everything torch has imported, a large share of a
+    load's time. The
     load makes no garbage cycles worth collecting early; they are collected
     afterwards (and at once on failure, see ``_load``).
     """
