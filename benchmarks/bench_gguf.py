@@ -117,7 +117,7 @@ def bench_dequantize(rows: int, cols: int, reps: int) -> dict[str, dict[str, flo
     import numpy as np
     import torch
 
-    from loader_plugin_gguf.dequantize import dequantize, dequantize_into
+    from loader_plugin_gguf.format.dequantize import dequantize, dequantize_into
     from tests.helpers.gguf_files import K_QUANTS, QUANTIZABLE, Q
 
     table: dict[str, dict[str, float]] = {}

@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO))
     from benchmarks.machine import describe_machine
     from loader.kernels import native_repack, pack_int8_grouped
-    from loader_plugin_gguf.half_split import pack_int4_half_split_parts
-    from loader_plugin_gguf.q4_blocks import HalfSplitRows
+    from loader_plugin_gguf.packed.half_split import pack_int4_half_split_parts
+    from loader_plugin_gguf.packed.q4_blocks import HalfSplitRows
 
     with tempfile.TemporaryDirectory() as cache:
         os.environ["LOADER_CACHE_DIR"] = cache

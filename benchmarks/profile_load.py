@@ -26,8 +26,8 @@ STAGES = (
     ("loader._pipeline.load", "_build", "build the model"),
     ("loader._pipeline.load", "_load_weights", "load weights (parts handed to layers)"),
     ("loader._hooks", "process_weights_after_loading", "post-processing, all layers"),
-    ("loader_plugin_gguf.packed_linear:GGUFLinearMethod", "_pack", "  GGUF int4 packing"),
-    ("loader_plugin_gguf.embedding:GGUFEmbeddingMethod", "process_weights_after_loading", "  GGUF embedding"),
+    ("loader_plugin_gguf.packed.linear_packing", "pack_int4_parts", "  GGUF int4 packing"),
+    ("loader_plugin_gguf.packed.embedding:GGUFEmbeddingMethod", "process_weights_after_loading", "  GGUF embedding"),
     ("loader._pipeline.postprocess", "release_freed_heap", "  heap trims"),
 )
 

@@ -35,7 +35,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_loader_cache() -> Iterator[None]:
     """Every cache in a temp folder; GGUF's packed-weights bundle off, so that every packing test packs (a
-    second load of a file would otherwise map what the first packed: tests/plugins/gguf/test_packed_cache.py
+    second load of a file would otherwise map what the first packed: tests/plugins/gguf/packed/test_bundle_keys.py
     turns it on)."""
     previous = {name: os.environ.get(name) for name in ("LOADER_CACHE_DIR", "LOADER_GGUF_PACKED_CACHE")}
     with tempfile.TemporaryDirectory(prefix="loader-test-cache-") as folder:

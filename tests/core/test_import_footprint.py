@@ -51,7 +51,7 @@ NOT_IN_A_LOCAL_LOAD = (
     "loader_plugin_mistral.native_layout",
     "loader_plugin_runai.uri",
     "loader_plugin_transformers.gguf_config",
-    "loader_plugin_gguf.detect",
+    "loader_plugin_gguf.format.detect",
 )
 
 _LOAD = """

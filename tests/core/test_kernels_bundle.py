@@ -1,6 +1,6 @@
 """``loader.kernels.PackedBundle``: what a quantize method packed, kept on disk and mapped by the next load.
 
-The GGUF plugin's tests (tests/plugins/gguf/test_packed_cache.py) run it through real loads; these use it
+The GGUF plugin's tests (tests/plugins/gguf/packed/test_bundle_keys.py) run it through real loads; these use it
 directly, as any quantize method would.
 """
 

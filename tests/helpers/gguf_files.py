@@ -92,7 +92,7 @@ def interleave_rotary(weight: np.ndarray, n_heads: int) -> np.ndarray:
 
 def byte_glyphs() -> list[str]:
     """GPT-2's 256 byte glyphs in byte order (the tokenizer tests check them against transformers)."""
-    from loader_plugin_gguf.tokenizer import byte_alphabet
+    from loader_plugin_gguf.format.tokenizer import byte_alphabet
 
     table = byte_alphabet()
     return [table[b] for b in range(256)]

@@ -19,8 +19,8 @@ from gguf import GGUFValueType
 
 from loader._pipeline import prepare
 from loader.errors import CheckpointFormatError
-from loader_plugin_gguf import header as gguf_header
-from loader_plugin_gguf.header import MAX_METADATA_KEYS, MAX_TENSORS, read_header
+from loader_plugin_gguf.format import header as gguf_header
+from loader_plugin_gguf.format.header import MAX_METADATA_KEYS, MAX_TENSORS, read_header
 from tests.helpers.malformed import INDEX_NAME, write_llama_checkpoint
 from tests.helpers.malformed_gguf import write_llama_gguf
 from tests.reliability.corpus import Built, CorpusCase, assert_load_refused, case_params

@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 
 from loader.errors import CheckpointFormatError, LoadError
 from loader.weights import ReadStats
-from loader_plugin_gguf.config import hf_config
-from loader_plugin_gguf.header import read_header
-from loader_plugin_gguf.tensors import GGUFTensor, MappedFile
-from loader_plugin_gguf.weight_stream import iter_gguf_weights
+from loader_plugin_gguf.format.config import hf_config
+from loader_plugin_gguf.format.header import read_header
+from loader_plugin_gguf.format.tensors import GGUFTensor, MappedFile
+from loader_plugin_gguf.format.weight_stream import iter_gguf_weights
 from tests.helpers.malformed_gguf import field_offsets, metadata_value_offset, write_llama_gguf
 from tests.reliability.conftest import FUZZ_PROFILE
 from tests.reliability.fuzz_values import EXTREME_INTS

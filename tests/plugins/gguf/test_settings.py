@@ -9,7 +9,7 @@ import torch
 from loader.checkpoint import LoadOptions
 from loader.errors import SettingError
 from loader_plugin_gguf import settings
-from loader_plugin_gguf.packed_cache import DEFAULT_MAX_BYTES, cache_requested
+from loader_plugin_gguf.packed.bundle_keys import DEFAULT_MAX_BYTES, cache_requested
 
 BAD = {
     "LOADER_GGUF_PACKED_CACHE": ("sometimes", "a yes/no value (1, true, yes, on / 0, false, no, off)"),

@@ -1,7 +1,8 @@
 """Entry point of loader-plugin-gguf: hook implementations only, imports kept light.
 
 torch, numpy, gguf and tokenizers are imported inside the hooks (through this package's
-submodules), so ``loader plugins`` lists this plugin without loading any of them.
+submodules: the format in :mod:`.format`, the packed-CPU quantize method in :mod:`.packed`),
+so ``loader plugins`` lists this plugin without loading any of them.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def loader_detect_format(source: Source, requested: str) -> WeightFormat | None:
     folder with both safetensors and GGUF files loads the safetensors, as HF repos intend."""
     if requested not in ("auto", FORMAT_NAME):
         return None
-    from .detect import detect_gguf
+    from .format.detect import detect_gguf
 
     return detect_gguf(source, requested)
 
@@ -40,8 +41,8 @@ def loader_detect_format(source: Source, requested: str) -> WeightFormat | None:
 def loader_read_config(source: Source, weight_format: WeightFormat) -> Mapping[str, Any] | None:
     if weight_format.name != FORMAT_NAME:
         return None
-    from .config import hf_config
-    from .header import read_header
+    from .format.config import hf_config
+    from .format.header import read_header
 
     headers = [read_header(Path(file)) for file in weight_format.files]  # cached: the load reads them again
     return hf_config(headers[0], frozenset().union(*(header.tensor_names() for header in headers)))
@@ -51,8 +52,8 @@ def loader_read_config(source: Source, weight_format: WeightFormat) -> Mapping[s
 def loader_load_tokenizer(source: Source, weight_format: WeightFormat) -> TokenizerBundle | None:
     if weight_format.name != FORMAT_NAME:
         return None
-    from .header import read_header
-    from .tokenizer import build_tokenizer
+    from .format.header import read_header
+    from .format.tokenizer import build_tokenizer
 
     return build_tokenizer(read_header(Path(weight_format.files[0])))
 
@@ -62,7 +63,7 @@ def loader_iter_weights(source: Source, weight_format: WeightFormat, options: Lo
                         stats: ReadStats) -> WeightStream | None:
     if weight_format.name != FORMAT_NAME:
         return None
-    from .weight_stream import iter_gguf_weights
+    from .format.weight_stream import iter_gguf_weights
 
     return iter_gguf_weights(weight_format.files, stats)
 
@@ -74,16 +75,17 @@ def loader_detect_quantization(hf_config: Mapping[str, Any], requested: str | No
 
     ``quantization="gguf"`` always does; with no quantization named, a GGUF load does when its dtype is
     ``auto`` (the default) or a dtype the kernel computes in, unless ``format_options`` has
-    ``dequantize`` (see :func:`~.packed_linear.packing_requested`); ``format_options`` ``kernel_dtype``
+    ``dequantize`` (see :func:`~.packed.options.packing_requested`); ``format_options`` ``kernel_dtype``
     chooses the dtype the kernel computes in, ``packed_cache`` whether packed layers are kept on disk for
-    the next load (:mod:`~.packed_cache`; default on, ``LOADER_GGUF_PACKED_CACHE=0`` turns it off). The
+    the next load (:mod:`~.packed.bundle_keys`; default on, ``LOADER_GGUF_PACKED_CACHE=0`` turns it off). The
     load's GGUF files (``weight_files``) go with it, so ``loader inspect --layers`` plans every layer from
     their headers.
     """
     if requested not in ("gguf", None) or (requested is None and options.weight_format != FORMAT_NAME):
         return None
-    from .packed_cache import cache_requested
-    from .packed_linear import GGUFQuantConfig, kernel_dtype_for, kernel_dtype_requested, packing_requested
+    from .packed.bundle_keys import cache_requested
+    from .packed.config import GGUFQuantConfig
+    from .packed.options import kernel_dtype_for, kernel_dtype_requested, packing_requested
 
     kernel_dtype = kernel_dtype_requested(options) or kernel_dtype_for(options.dtype)
     use_cache = cache_requested(options)
@@ -101,10 +103,10 @@ def loader_detect_quantization(hf_config: Mapping[str, Any], requested: str | No
 def loader_process_weights_after_loading(model: nn.Module, quant_config: QuantizationConfig | None,
                                          target_device: torch.device) -> Generator[None, list[None], list[None]]:
     """Around every layer's post-processing: once it has succeeded, write the packed-weights bundle of a GGUF
-    load that packed layers it did not find there (:mod:`~.packed_cache`); a failed load writes nothing."""
+    load that packed layers it did not find there (:mod:`~.packed.bundle_keys`); a failed load writes nothing."""
     result = yield
     if quant_config is not None and quant_config.name == "gguf":
-        from .packed_linear import GGUFQuantConfig
+        from .packed.config import GGUFQuantConfig
 
         if isinstance(quant_config, GGUFQuantConfig):
             quant_config.finish_packed_cache()
@@ -113,7 +115,7 @@ def loader_process_weights_after_loading(model: nn.Module, quant_config: Quantiz
 
 def _output_head_type(files: tuple[str, ...]) -> int | None:
     """The ggml type of ``output.weight`` in any of the load's files (headers are cached), ``None`` if absent."""
-    from .header import read_header
+    from .format.header import read_header
 
     for file in files:
         for info in read_header(Path(file)).tensors:

@@ -11,8 +11,8 @@ import torch
 
 from loader.errors import ShapeMismatchError, UnsupportedError
 from loader.weights import ReadStats, interleaved_to_half_rotary
-from loader_plugin_gguf.header import read_header
-from loader_plugin_gguf.tensors import GGUFTensor, MappedFile
+from loader_plugin_gguf.format.header import read_header
+from loader_plugin_gguf.format.tensors import GGUFTensor, MappedFile
 from tests.helpers.gguf_files import Q, encode, random_blocks
 
 ROWS, COLS = 16, 512

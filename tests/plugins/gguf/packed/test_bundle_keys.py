@@ -16,10 +16,10 @@ import pytest
 import torch
 
 import loader
-from loader.errors import PluginError, UnsupportedError
+from loader.errors import PluginError, SettingError, UnsupportedError
 from loader.testing import simulated_tp
-from loader_plugin_gguf import packed_cache
-from loader_plugin_gguf.packed_cache import MAGIC
+from loader_plugin_gguf.packed import bundle_keys as packed_cache
+from loader_plugin_gguf.packed.bundle_keys import MAGIC
 from tests.helpers.gguf_files import Q, write_gguf
 from tests.helpers.hf_checkpoints import build_model, tiny_config
 
@@ -121,14 +121,14 @@ def test_a_packed_cache_option_or_variable_that_is_not_yes_or_no_is_refused_by_n
     with pytest.raises(UnsupportedError, match=r"format option packed_cache='maybe' is not a yes/no value"):
         loader.load_model(str(path), format_options={"packed_cache": "maybe"})
     monkeypatch.setenv("LOADER_GGUF_PACKED_CACHE", "sometimes")
-    with pytest.raises(UnsupportedError, match=r"LOADER_GGUF_PACKED_CACHE='sometimes' is not a yes/no value"):
+    with pytest.raises(SettingError, match=r"^LOADER_GGUF_PACKED_CACHE='sometimes': expected a yes/no value \("):
         loader.load_model(str(path))
 
 
 def test_a_cache_size_that_is_not_a_byte_count_is_refused_by_name(tiny_gguf, cache, monkeypatch):
     path, _ = tiny_gguf("llama", Q.Q4_1, rope_scaling=None)
     monkeypatch.setenv("LOADER_GGUF_CACHE_MAX_BYTES", "lots")
-    with pytest.raises(UnsupportedError, match=r"LOADER_GGUF_CACHE_MAX_BYTES='lots' is not a byte count"):
+    with pytest.raises(SettingError, match=r"^LOADER_GGUF_CACHE_MAX_BYTES='lots': expected a whole number of bytes"):
         loader.load_model(str(path))
 
 
@@ -218,7 +218,7 @@ def test_a_cache_folder_that_cannot_be_written_is_reported_and_the_load_goes_on(
 
 
 def test_a_failed_load_writes_no_bundle(tiny_gguf, cache, monkeypatch):
-    from loader_plugin_gguf.packed_linear import GGUFLinearMethod
+    from loader_plugin_gguf.packed.linear_method import GGUFLinearMethod
 
     path, _ = tiny_gguf("llama", Q.Q4_1, rope_scaling=None)
     real = GGUFLinearMethod.process_weights_after_loading
@@ -292,8 +292,8 @@ def test_the_salt_names_the_plugin_s_packing_code_and_the_core_s_layout() -> Non
 
 def test_a_unit_is_keyed_only_when_every_part_lies_in_the_files_that_name_the_bundle(tiny_gguf):
     from loader.weights import ReadStats
-    from loader_plugin_gguf.packed_cache import unit_key
-    from loader_plugin_gguf.weight_stream import iter_gguf_weights
+    from loader_plugin_gguf.format.weight_stream import iter_gguf_weights
+    from loader_plugin_gguf.packed.bundle_keys import unit_key
 
     path, _ = tiny_gguf("llama", Q.Q4_1, rope_scaling=None)
     tensors = dict(iter_gguf_weights([str(path)], ReadStats()))

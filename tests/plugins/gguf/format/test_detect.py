@@ -8,7 +8,7 @@ import pytest
 
 from loader.checkpoint import Source
 from loader.errors import CheckpointFormatError, UnsupportedError
-from loader_plugin_gguf.detect import detect_gguf
+from loader_plugin_gguf.format.detect import detect_gguf
 from tests.helpers.gguf_files import raw_header
 
 

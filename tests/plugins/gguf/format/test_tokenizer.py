@@ -7,8 +7,8 @@ import pytest
 
 from loader.checkpoint import TokenizerBundle
 from loader.errors import UnsupportedError
-from loader_plugin_gguf.header import read_header
-from loader_plugin_gguf.tokenizer import build_tokenizer, merges_from_scores
+from loader_plugin_gguf.format.header import read_header
+from loader_plugin_gguf.format.tokenizer import build_tokenizer, merges_from_scores
 from tests.helpers.gguf_files import CHAT_TEMPLATE
 
 TEXTS = ["the and then", "What is the capital of France?", "  two  spaces\nnew line\t tab",
@@ -96,7 +96,7 @@ def test_unknown_tokenizer_model_is_refused_by_name(tmp_path):
     ("llama-bpe", "ab 1234", ["a", "b", "Ġ", "1", "2", "3", "4"]),
 ])
 def test_pre_tokenizer_rules_by_name(tmp_path, pre, text, pieces):
-    from loader_plugin_gguf.pretokenizers import pre_tokenizer_for
+    from loader_plugin_gguf.format.pretokenizers import pre_tokenizer_for
 
     split = [p for p, _ in pre_tokenizer_for(pre, "x").pre_tokenize_str(text)]
     joined = "".join(split)

@@ -12,7 +12,8 @@ when it loads the same file, so logits agree:
 * ``tie_word_embeddings`` is true when the file has no ``output.weight``;
 * ``torch_dtype`` is ``float32``, so ``dtype="auto"`` (the default for GGUF) computes in float32 as
   llama.cpp does: a GGUF file's unquantized tensors (norms, biases) are F32, and bfloat16 activations
-  throughout make SmolLM2 drift (see :mod:`.packed_linear`); the quantized weights stay packed;
+  throughout make SmolLM2 drift (see :mod:`loader_plugin_gguf.packed.linear_method`); the quantized
+  weights stay packed;
 * Llama 3 rope scaling is recovered from the ``rope_freqs`` tensor (see :mod:`.rope_freqs`),
   where ``transformers`` drops it; linear and YaRN scaling come from ``rope.scaling.*``.
 """

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from loader_plugin_gguf.dequantize import SUPPORTED_TYPES, dequantize, dequantize_into
+from loader_plugin_gguf.format.dequantize import SUPPORTED_TYPES, dequantize, dequantize_into
 from tests.helpers.gguf_files import K_QUANTS, QUANTIZABLE, Q, encode, random_blocks
 
 ROWS, COLS = 24, 512  # two K super-blocks per row; chunking is exercised via a patched chunk size
@@ -32,7 +32,7 @@ def reference(raw: np.ndarray, qtype: Q) -> np.ndarray:
 
 @pytest.mark.parametrize("qtype", [*QUANTIZABLE, *K_QUANTS], ids=lambda q: q.name)
 def test_float32_values_are_bit_equal_to_gguf_py(qtype, monkeypatch):
-    import loader_plugin_gguf.dequantize as module
+    import loader_plugin_gguf.format.dequantize as module
 
     monkeypatch.setattr(module, "CHUNK_VALUES", 4096)  # several chunks per tensor
     raw = stored(qtype)
@@ -65,7 +65,7 @@ def test_supported_types_are_the_ones_the_issue_lists():
 
 def test_kernels_contain_no_per_block_python_loop(monkeypatch):
     """A tensor of many blocks costs a constant number of torch calls, not one per block."""
-    import loader_plugin_gguf.kernels_legacy as legacy
+    import loader_plugin_gguf.format.kernels_legacy as legacy
 
     calls = 0
     original = legacy.half_at

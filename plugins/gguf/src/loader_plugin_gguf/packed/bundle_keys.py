@@ -7,8 +7,8 @@ module says what is GGUF about it:
 - one bundle per set of GGUF files and per variant (tensor parallel rank and size, kernel and dense dtypes),
   under ``<cache root>/gguf-packed/`` (:func:`loader.io.cache_root`: ``$LOADER_CACHE_DIR`` or the user cache
   folder), magic :data:`MAGIC`;
-- its salt (:func:`_salt`): this plugin's packing code, the source files whose code decides packed bytes,
-  and the core's;
+- its salt (:func:`_salt`): this plugin's packing code (the modules whose code decides packed bytes or their
+  keys: :func:`packing_code`) and the core's;
 - a unit's key (:func:`unit_key`): everything that decides one packing call's bytes, spelled out — the parts'
   files, offsets, block types, windows and row orders, the kernel and its dtype.
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,40 +29,36 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from loader.io import cache_root
 from loader.kernels import PackedBundle, packing_salt
+
+from ..settings import CACHE_MAX_BYTES, PACKED_CACHE
+from .options import yes_no_option
+from .q4_blocks import gguf_window
 
 if TYPE_CHECKING:
     from loader.checkpoint import LoadOptions
     from loader.weights import CheckpointTensor
 
-__all__ = ["DEFAULT_MAX_BYTES", "FORMAT", "MAGIC", "cache_folder", "cache_requested", "open_bundle", "unit_key"]
+__all__ = ["DEFAULT_MAX_BYTES", "FORMAT", "MAGIC", "cache_folder", "cache_requested", "open_bundle", "packing_code",
+           "unit_key"]
 
 FORMAT = 1
 MAGIC = b"LDRGGPK\x01"
-DEFAULT_MAX_BYTES = 8 << 30
+DEFAULT_MAX_BYTES = CACHE_MAX_BYTES.default
 """What the bundles together may take on disk before the least recently used are removed (8 GiB)."""
-PACKING_CODE = ("embedding.py", "half_split.py", "kernels_kquants.py", "kernels_legacy.py", "packed_cache.py",
-                "packed_linear.py", "q4_blocks.py", "tensors.py")
-"""This plugin's modules whose code decides packed bytes (or their keys): the salt digests them."""
+_FORMAT_CODE = ("dequantize.py", "kernels_kquants.py", "kernels_legacy.py", "tensors.py")
+"""The format's modules whose code decides packed bytes (the block decoders, the windows that key units)."""
 
 
 def cache_requested(options: LoadOptions) -> bool:
     """Whether a load uses the cache: ``format_options`` ``packed_cache`` when given, else
     ``LOADER_GGUF_PACKED_CACHE`` (default on). Bad values, and a bad ``LOADER_GGUF_CACHE_MAX_BYTES`` when the
-    cache is on, are refused here, before anything is loaded."""
-    from loader.errors import UnsupportedError
-
-    from .packed_linear import _NO, _YES, _format_option
-
-    text = _format_option(options, "packed_cache")
-    if text is not None:
-        if text not in _YES + _NO:
-            raise UnsupportedError(f"format option packed_cache={text!r} is not a yes/no value; use true or false")
-    else:
-        text = os.environ.get("LOADER_GGUF_PACKED_CACHE", "1").strip().lower()
-        if text not in _YES + _NO:
-            raise UnsupportedError(f"LOADER_GGUF_PACKED_CACHE={text!r} is not a yes/no value; use 1 or 0")
-    if text in _NO:
+    cache is on, are refused here, before anything is loaded (a variable's as :class:`loader.errors.SettingError`)."""
+    wanted = yes_no_option(options, "packed_cache")
+    if wanted is None:
+        wanted = PACKED_CACHE.read()
+    if not wanted:
         return False
     _max_bytes()
     return True
@@ -71,38 +66,31 @@ def cache_requested(options: LoadOptions) -> bool:
 
 def cache_folder() -> Path:
     """``<cache root>/gguf-packed``."""
-    from loader.io import cache_root
-
     return cache_root() / "gguf-packed"
 
 
 def _max_bytes() -> int:
-    text = os.environ.get("LOADER_GGUF_CACHE_MAX_BYTES")
-    if text is None:
-        return DEFAULT_MAX_BYTES
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        from loader.errors import UnsupportedError
-
-        raise UnsupportedError(f"LOADER_GGUF_CACHE_MAX_BYTES={text!r} is not a byte count (an integer >= 0)")
-    return value
+    return CACHE_MAX_BYTES.read()
 
 
 _SALT: dict[str, Any] | None = None
 _SALT_LOCK = threading.Lock()
 
 
+def packing_code() -> list[Path]:
+    """The source files whose code decides packed bytes or their keys: every module of this package and the
+    format's block decoders and windows (:data:`_FORMAT_CODE`)."""
+    here = Path(__file__).resolve().parent
+    return [*sorted(here.glob("*.py")), *(here.parent / "format" / name for name in _FORMAT_CODE)]
+
+
 def _salt() -> dict[str, Any]:
     """What decides the packed bytes besides the source (:func:`loader.kernels.packing_salt`): this plugin's
-    packing code (:data:`PACKING_CODE`' digest) and the core's. Computed once a process."""
+    packing code (:func:`packing_code`) and the core's. Computed once a process."""
     global _SALT
     with _SALT_LOCK:
         if _SALT is None:
-            here = Path(__file__).resolve().parent
-            _SALT = packing_salt((here / name for name in PACKING_CODE), format=FORMAT)
+            _SALT = packing_salt(packing_code(), format=FORMAT)
         return _SALT
 
 
@@ -118,8 +106,6 @@ def unit_key(kind: str, dtype: torch.dtype, tensors: Sequence[CheckpointTensor],
     part's GGUF window (file, data offset, block type, stored shape, rows and columns kept, the digest of its
     row order) and ``extra``; ``None`` when a part is not a GGUF window of one of ``files`` (the files whose
     identity names the bundle), so it is never cached."""
-    from .q4_blocks import gguf_window
-
     parts: list[list[object]] = []
     for tensor in tensors:
         found = gguf_window(tensor)

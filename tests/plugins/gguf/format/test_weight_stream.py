@@ -9,7 +9,7 @@ import torch
 
 from loader.errors import UnexpectedWeightError, UnsupportedError
 from loader.weights import ReadStats
-from loader_plugin_gguf.weight_stream import iter_gguf_weights
+from loader_plugin_gguf.format.weight_stream import iter_gguf_weights
 from tests.helpers.gguf_files import Q
 
 

@@ -45,7 +45,7 @@ def pack_int4_half_split(qs: torch.Tensor, scales: torch.Tensor, biases: torch.T
     operations and one transposing copy on half-size tensors, instead of
     widening every code to a byte (or int32, for torch's own op) first — most
     of a packed GGUF load. The bytes are those of :func:`pack_int4` on the
-    unpacked codes (``tests/plugins/gguf/test_half_split.py``).
+    unpacked codes (``tests/plugins/gguf/packed/test_half_split.py``).
     """
     n, groups, half = (int(s) for s in qs.shape)
     if half != HALF_SPLIT_GROUP // 2:

@@ -11,7 +11,7 @@ All three types are exact affine maps per group of 32 input columns, so they fit
   ``-dmin m[j]``, both computed in float32 exactly as gguf-py does (an 11-bit by 6-bit product is exact).
 
 :func:`affine_rows` reads the blocks under a checkpoint tensor handed to a
-layer — a :class:`~loader_plugin_gguf.tensors.GGUFTensor` window, or one whose
+layer — a :class:`~loader_plugin_gguf.format.tensors.GGUFTensor` window, or one whose
 rows llama.cpp's rotary interleave reordered
 (:class:`loader.weights.RowPermutedTensor`) — and says why not (a string) when
 the tensor cannot stay packed, so the caller falls back to dequantizing it.
@@ -26,10 +26,10 @@ from gguf.constants import GGMLQuantizationType
 from loader.kernels import native_repack
 from loader.weights import CheckpointTensor, RowPermutedTensor
 
-from .dequantize import block_shape
-from .kernels_kquants import QK_K, scale_min_k4, split_nibbles
-from .kernels_legacy import half_at, nibbles
-from .tensors import GGUFTensor
+from ..format.dequantize import block_shape
+from ..format.kernels_kquants import QK_K, scale_min_k4, split_nibbles
+from ..format.kernels_legacy import half_at, nibbles
+from ..format.tensors import GGUFTensor
 
 __all__ = ["GROUP_SIZE", "HALF_SPLIT_TYPES", "INT4X2_TYPES", "PACKED_TYPES", "AffineRows", "HalfSplitRows",
            "Int8Rows", "affine_rows", "decode_q4", "gguf_window", "half_split_rows", "int8_rows", "kernel_for",
@@ -250,7 +250,7 @@ def half_split_rows(tensor: CheckpointTensor) -> HalfSplitRows:
     """A Q4_0/Q4_1 part's codes left two per byte, with its scales and biases (:func:`packing_reason` ``None``).
 
     Why: repacked straight from these bytes, a layer never holds a byte per
-    code (:func:`~loader_plugin_gguf.half_split.pack_int4_half_split`); the weight is the one
+    code (:func:`~.half_split.pack_int4_half_split`); the weight is the one
     :func:`affine_rows` describes.
     """
     window, raw, _, order = _blocks_and_order(tensor)

@@ -4,7 +4,7 @@ A GGUF layer's kernel depends on the block types of the tensors it is filled
 from (Q4_0/Q4_1/Q4_K stay packed, others are dequantized), which the header
 holds. A plan hands the layer's own ``weight_loader`` the checkpoint tensors a
 load hands it — named by the load's own stream
-(:meth:`~loader_plugin_gguf.packed_linear.GGUFQuantConfig.header_tensors`),
+(:meth:`~loader_plugin_gguf.packed.config.GGUFQuantConfig.header_tensors`),
 routed to fused layers through the model's ``packed_modules_mapping`` as the
 model plugins route them, narrowed to this rank by the layer — so the quantize
 method decides from the same narrowed parts it decides from at load. Nothing
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from loader.layers import ShardId
     from loader.weights import CheckpointTensor
 
-    from .packed_linear import GGUFQuantConfig
+    from .config import GGUFQuantConfig
 
 __all__ = ["fill_from_header", "header_sources", "int4_packed_bytes"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from loader.errors import UnexpectedWeightError, UnsupportedError
-from loader_plugin_gguf.names import HF_MODULES, gguf_arch, name_mapper
+from loader_plugin_gguf.format.names import HF_MODULES, gguf_arch, name_mapper
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])

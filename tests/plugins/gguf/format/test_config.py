@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from loader.errors import ConfigError, UnknownArchitectureError, UnsupportedError
-from loader_plugin_gguf.config import hf_config
-from loader_plugin_gguf.header import read_header
-from loader_plugin_gguf.rope_freqs import llama3_divisors, llama3_scaling_from_divisors
+from loader_plugin_gguf.format.config import hf_config
+from loader_plugin_gguf.format.header import read_header
+from loader_plugin_gguf.format.rope_freqs import llama3_divisors, llama3_scaling_from_divisors
 from tests.helpers.gguf_files import Q
 
 

@@ -21,7 +21,7 @@ from tests.core.test_kernels_int4_cpu import _reference_int4pack
 def test_half_split_packing_builds_both_row_blocks_of_torch_s_layout(n, splits, block_n, packing):
     """GGUF's half-split nibbles (column p low, p + 16 high) to either layout, from strided views of blocks,
     the rows whole or in parts (a fused layer's q/k/v) split anywhere."""
-    from loader_plugin_gguf.half_split import _int4pack_from_half_split
+    from loader_plugin_gguf.packed.half_split import _int4pack_from_half_split
 
     generator = torch.Generator().manual_seed(n + block_n)
     qs = torch.randint(0, 256, (n, 2, 20), dtype=torch.uint8, generator=generator)[:, :, 4:]
@@ -35,7 +35,7 @@ def test_half_split_packing_builds_both_row_blocks_of_torch_s_layout(n, splits, 
 def test_half_split_packing_gives_the_same_weight_as_packing_the_codes(n, packing):
     """Codes still two per byte (GGML's order: column p low, p + 16 high) pack to pack_int4's bytes and scales."""
     from loader.kernels import pack_int4
-    from loader_plugin_gguf.half_split import pack_int4_half_split
+    from loader_plugin_gguf.packed.half_split import pack_int4_half_split
 
     generator = torch.Generator().manual_seed(n)
     blocks = torch.randint(0, 256, (n, 3, 20), dtype=torch.uint8, generator=generator)
@@ -51,7 +51,7 @@ def test_half_split_packing_gives_the_same_weight_as_packing_the_codes(n, packin
 
 
 def test_half_split_packing_rejects_groups_that_are_not_32_columns():
-    from loader_plugin_gguf.half_split import pack_int4_half_split
+    from loader_plugin_gguf.packed.half_split import pack_int4_half_split
 
     qs = torch.zeros(16, 2, 8, dtype=torch.uint8)
     with pytest.raises(ValueError, match=r"half-split codes \(16, 2, 8\) do not hold groups of 32 columns"):
@@ -59,7 +59,7 @@ def test_half_split_packing_rejects_groups_that_are_not_32_columns():
 
 
 def test_half_split_parts_must_share_their_columns_and_match_the_scales():
-    from loader_plugin_gguf.half_split import pack_int4_half_split_parts
+    from loader_plugin_gguf.packed.half_split import pack_int4_half_split_parts
 
     q, k = torch.zeros(32, 2, 16, dtype=torch.uint8), torch.zeros(16, 3, 16, dtype=torch.uint8)
     with pytest.raises(ValueError, match=r"half-split parts \[\(32, 2, 16\), \(16, 3, 16\)\] do not share "
@@ -72,7 +72,7 @@ def test_half_split_parts_must_share_their_columns_and_match_the_scales():
 
 def test_half_split_parts_give_the_weight_of_the_concatenated_rows(packing):
     """A fused layer's parts packed in place are the concatenated rows packed whole, unsupported shapes included."""
-    from loader_plugin_gguf.half_split import pack_int4_half_split, pack_int4_half_split_parts
+    from loader_plugin_gguf.packed.half_split import pack_int4_half_split, pack_int4_half_split_parts
 
     generator = torch.Generator().manual_seed(3)
     for rows in ((64, 32, 32), (24, 8)):  # parts on the row blocks, and parts cutting one
@@ -94,7 +94,7 @@ def test_half_split_parts_give_the_weight_of_the_concatenated_rows(packing):
 def test_half_split_parts_in_their_own_row_order_are_those_rows_packed(packing, rows):
     """``row_orders`` (llama.cpp's interleaved q/k rows): the weight of ``part[order]`` for each part, whether
     the parts fill whole row blocks, cut one, or end in a partial block; a last part in stored order beside them."""
-    from loader_plugin_gguf.half_split import pack_int4_half_split_parts
+    from loader_plugin_gguf.packed.half_split import pack_int4_half_split_parts
 
     generator = torch.Generator().manual_seed(sum(rows))
     parts, orders = [], []
@@ -114,7 +114,7 @@ def test_half_split_parts_in_their_own_row_order_are_those_rows_packed(packing, 
 
 
 def test_row_orders_must_match_the_parts():
-    from loader_plugin_gguf.half_split import pack_int4_half_split_parts
+    from loader_plugin_gguf.packed.half_split import pack_int4_half_split_parts
 
     q = torch.zeros(32, 2, 16, dtype=torch.uint8)
     with pytest.raises(ValueError, match="1 row orders for 2 half-split parts"):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from loader.errors import CheckpointFormatError, LoadError, UnsupportedError
-from loader_plugin_gguf.header import read_header, sniff
+from loader_plugin_gguf.format.header import read_header, sniff
 from tests.helpers.gguf_files import Q, encode, gguf_string, raw_header
 
 

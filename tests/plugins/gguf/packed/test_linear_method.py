@@ -20,9 +20,9 @@ from loader._pipeline.plan import plan_layers
 from loader.errors import UnsupportedError
 from loader.kernels import Int8GroupedWeight
 from loader.testing import simulated_tp
-from loader_plugin_gguf.layer_plan import int4_packed_bytes
-from loader_plugin_gguf.packed_linear import GGUFLinearMethod
-from loader_plugin_gguf.q4_blocks import decode_q4
+from loader_plugin_gguf.packed.linear_method import GGUFLinearMethod
+from loader_plugin_gguf.packed.plan import int4_packed_bytes
+from loader_plugin_gguf.packed.q4_blocks import decode_q4
 from tests.helpers.gguf_files import Q
 from tests.helpers.hf_checkpoints import relative_error
 
@@ -557,7 +557,7 @@ def test_a_layer_plan_of_a_gguf_file_is_the_default_load_s_method_not_dense(tmp_
 def test_block_fields_read_as_words_or_copied_out_of_unaligned_bytes_are_the_same(size, count):
     """The d (and m) of every block, group-major: read as one 2/4-byte word where the blocks are aligned, copied
     out first where they are not (a window starting at an odd byte) — the same float16 values either way."""
-    from loader_plugin_gguf.q4_blocks import _group_major_fields
+    from loader_plugin_gguf.packed.q4_blocks import _group_major_fields
 
     generator = torch.Generator().manual_seed(size)
     rows, groups = 6, 3

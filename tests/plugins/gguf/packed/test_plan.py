@@ -147,7 +147,7 @@ def test_the_transformers_fallback_plans_under_the_names_its_load_records(tmp_pa
 
 def test_a_plan_maps_no_tensor_data(mixed, monkeypatch):
     """Planned from the header alone: the file's data is never mapped (a load maps it on the first block read)."""
-    from loader_plugin_gguf.tensors import MappedFile
+    from loader_plugin_gguf.format.tensors import MappedFile
 
     def refuse(self):
         raise AssertionError(f"{self.path}: tensor data mapped while planning")

@@ -1,0 +1,146 @@
+"""The quantization config of a packed GGUF load: what the load asked for, each layer's method, and the record of
+what every layer chose (the load report's ``quantization``).
+
+It also holds what the load's layers share: the files' header tensors (a plan maps them to layers as a load
+does) and the load's packed-weights bundle (:class:`loader.kernels.PackedBundle`, made on first use and let go
+once it is written).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import torch
+
+from loader.kernels import KernelChoice, PackedBundle, native_repack, native_repack_unavailable_reason
+from loader.layers import LinearBase, ParallelLMHead, QuantizationConfig, VocabParallelEmbedding
+from loader.models import current_session
+from loader.weights import CheckpointTensor, ReadStats
+
+from ..format.weight_stream import iter_gguf_weights
+from .bundle_keys import open_bundle
+from .embedding import GGUFEmbeddingMethod, GGUFHeadMethod
+from .embedding_store import HEAD_KERNEL_TYPES
+from .linear_method import GGUFLinearMethod
+from .options import METHOD_NAME, dtype_name
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from loader.layers import QuantizeMethodBase
+
+__all__ = ["GGUFQuantConfig"]
+
+_PACKED_CACHE_LOCK = threading.Lock()
+"""Guards making a config's :class:`~loader.kernels.PackedBundle` (layers ask from worker threads);
+module-wide, so the config itself holds no lock."""
+
+
+@attrs.define
+class GGUFQuantConfig(QuantizationConfig):
+    """The user's request to keep GGUF blocks packed; records each layer's choice for the load report."""
+
+    name = METHOD_NAME
+    kernel_dtype: torch.dtype | None = None
+    """The dtype the int4 kernel computes in; ``None``: :func:`~.options.kernel_dtype_for` the layer's dtype."""
+    dense_dtype: torch.dtype | None = None
+    """The dtype a layer of quantized blocks that cannot stay packed is dequantized to (``None``: the layer's
+    own). A ``dtype="auto"`` load sets the kernel's: Q6_K/Q8_0 layers of a Q4_K_M file then take 2 bytes a
+    value, not float32's 4 (float tensors keep the layer's dtype)."""
+    head_type: int | None = None
+    """The ggml type of the file's own ``output.weight`` (``None``: the head is tied to the embedding). A type
+    with a head kernel is kept by :class:`~.embedding.GGUFHeadMethod`."""
+    layer_log: dict[str, KernelChoice] = attrs.field(factory=dict, eq=False)
+    files: tuple[str, ...] = attrs.field(default=(), eq=False)
+    """The load's GGUF files, whose headers ``layer_plan`` plans from (empty: layers are decided at load)."""
+    use_packed_cache: bool = attrs.field(default=False, eq=False)
+    """Whether packed layers are looked up in (and written to) the on-disk bundle for :attr:`files`
+    (:mod:`~.bundle_keys`)."""
+    _header_tensors: dict[str, CheckpointTensor] | None = attrs.field(default=None, init=False, eq=False,
+                                                                      repr=False)
+    _packed_cache: PackedBundle | None = attrs.field(default=None, init=False, eq=False, repr=False)
+    """During the load only: :meth:`finish_packed_cache` keeps its report and lets it go (it holds a lock and the
+    bundle's map, and ``torch.save(model)`` pickles this config with every layer's method)."""
+    _packed_cache_report: dict[str, Any] | None = attrs.field(default=None, init=False, eq=False, repr=False)
+
+    def packed_cache(self) -> PackedBundle | None:
+        """This load's :class:`~loader.kernels.PackedBundle` (made on first use, in the load's
+        session: the bundle is per tensor parallel rank and size), ``None`` when it is off or the files unknown."""
+        if not self.use_packed_cache or not self.files or self._packed_cache_report is not None:
+            return None
+        with _PACKED_CACHE_LOCK:
+            if self._packed_cache is None:
+                session = current_session()
+                variant = {"tp_rank": session.tp_rank, "tp_size": session.tp_size,
+                           "kernel_dtype": None if self.kernel_dtype is None else dtype_name(self.kernel_dtype),
+                           "dense_dtype": None if self.dense_dtype is None else dtype_name(self.dense_dtype)}
+                self._packed_cache = open_bundle(self.files, variant)
+            return self._packed_cache
+
+    def finish_packed_cache(self) -> None:
+        """After every layer is processed: write the bundle when this load packed a unit it did not find."""
+        cache = self._packed_cache
+        if cache is not None:
+            cache.finish()
+            self._packed_cache_report, self._packed_cache = cache.describe(), None
+
+    def cached_unit(self, key: str | None, build: Callable[[], dict[str, torch.Tensor] | None],
+                    expected: dict[str, tuple[torch.dtype, tuple[int, ...]]]) -> dict[str, torch.Tensor] | None:
+        """The unit ``key`` from the bundle, else ``build()``'s tensors, stored for the bundle (``build`` returns
+        ``None`` for a result the bundle cannot hold; ``key`` ``None``: never cached). A stored unit whose
+        tensors are not ``expected`` (name -> dtype, shape) is packed again."""
+        cache = self.packed_cache() if key is not None else None
+        if cache is None or key is None:
+            return build()
+        return cache.cached(key, build, expected)
+
+    def header_tensors(self) -> dict[str, CheckpointTensor]:
+        """Every tensor of :attr:`files` under the name a load gives it, read from the headers only (cached).
+
+        The load's own stream (:func:`~loader_plugin_gguf.format.weight_stream.iter_gguf_weights`) names them,
+        so a plan maps GGUF tensors to layers exactly as a load does, q/k rotary reordering included.
+        """
+        if self._header_tensors is None:
+            self._header_tensors = dict(iter_gguf_weights(self.files, ReadStats())) if self.files else {}
+        return self._header_tensors
+
+    def describe(self) -> dict[str, Any]:
+        counts: dict[str, int] = {}
+        for _, choice in sorted(self.layer_log.items()):  # layers finish in any order when processed concurrently
+            counts[choice.kernel] = counts.get(choice.kernel, 0) + 1
+        return {
+            "method": self.name, "kernels": counts,
+            "kernel_dtype": None if self.kernel_dtype is None else dtype_name(self.kernel_dtype),
+            "dense_dtype": None if self.dense_dtype is None else dtype_name(self.dense_dtype),
+            "packed_bytes": sum(choice.packed_bytes for choice in self.layer_log.values()),
+            "packing": _packing(counts),
+            "layers": {prefix: choice.record() for prefix, choice in sorted(self.layer_log.items())},
+            "packed_cache": (self._packed_cache.describe() if self._packed_cache is not None
+                             else self._packed_cache_report),
+        }
+
+    def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
+        """:class:`~.linear_method.GGUFLinearMethod` for every parallel linear layer,
+        :class:`~.embedding.GGUFEmbeddingMethod` for the token embedding and
+        :class:`~.embedding.GGUFHeadMethod` for an untied output head."""
+        if isinstance(layer, LinearBase):
+            return GGUFLinearMethod(self)
+        if isinstance(layer, ParallelLMHead):
+            # tied (no output.weight): the embedding keeps the table; a float head stays dense (and mapped)
+            return GGUFHeadMethod(self) if self.head_type in HEAD_KERNEL_TYPES else None
+        if isinstance(layer, VocabParallelEmbedding):
+            return GGUFEmbeddingMethod(self)
+        return None
+
+
+def _packing(kernels: dict[str, int]) -> str | None:
+    """What packed this load's int4 layers: ``compiled`` (:func:`loader.kernels.native_repack`'s helpers, for
+    Q4_0/Q4_1 codes and Q8_0 planes) or ``torch: <why not>``; ``None`` when no layer is on the int4 kernel."""
+    if not any("int4" in kernel for kernel in kernels):
+        return None
+    if native_repack() is not None:
+        return "compiled"
+    return f"torch: {native_repack_unavailable_reason()}"
