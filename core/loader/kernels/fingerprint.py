@@ -24,7 +24,7 @@ def packed_layout_fingerprint() -> str:
 
     Why: a plugin that keeps packed weights on disk between loads (:class:`~loader.kernels.PackedBundle`) keys
     them by it, so another torch, another CPU or an edited packer makes a miss instead of loading bytes laid out
-    for something else. Computed once a process (~1 ms: the sources are read and hashed).
+    for something else. Computed once a process (the sources are read and hashed).
     """
     here = Path(__file__).resolve().parent
     digest = hashlib.sha256()

@@ -17,8 +17,8 @@ The bytes are written by :mod:`.int4_layout`.
 The kernel takes group sizes 32/64/128/256 and ``N % 16 == 0`` (checked on
 torch 2.13); anything else keeps the codes unpacked and dequantizes on every
 call — :attr:`Int4CpuWeight.reason` says why. It computes in the activations'
-dtype; on a 2-core machine, N = K = 4096, one token: 2.2 ms in bfloat16, 196
-ms in float32, against 1.8 s / 3.3 s to dequantize and multiply.
+dtype, far faster in bfloat16 than in float32, and orders of magnitude faster
+than dequantizing and multiplying in either (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations

@@ -57,8 +57,8 @@ def unpack_int4_rows(data: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     Why: a table kept only packed (an embedding whose head is the int4
     kernel's) looks rows up from the packed bytes instead of a second copy of
     its codes. A row's K bytes lie ``block_n / 2`` apart, so each row read
-    touches K / 2 cache lines (~2.5 us a row on a 2-core Xeon); indexing the
-    row blocks directly was ~1.8x faster than one gather of computed offsets.
+    touches K / 2 cache lines; indexing the row blocks directly is faster than
+    one gather of computed offsets.
     Needs the layout known (:func:`torch_int4_block_n`).
     """
     block_n = torch_int4_block_n()

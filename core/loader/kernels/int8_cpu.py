@@ -12,8 +12,8 @@ Grouped by 32 columns (:func:`pack_int8_grouped`, GGUF Q8_0): two nibble
 planes of the int4 kernel. Why: the int8 kernel takes one scale per output
 row, so a weight whose scale changes every 32 input columns (GGUF
 Q8_0) needs one call per 32 columns, and a call over 32 columns costs nearly
-what one over whole rows does: SmolLM2's tied Q8_0 head (49152 x 576) took 18
-calls and ~7 ms a token, a fifth of a decode step. The int4 kernel takes a
+what one over whole rows does (a tied Q8_0 head took a fifth of a decode step:
+benchmarks/RESULTS.md). The int4 kernel takes a
 scale and a zero per group of 32 columns, and a code's two nibbles are two
 4-bit weights (``h = (c >> 4) + 8``, ``l = c & 15``, arithmetic shift)::
 
@@ -21,8 +21,7 @@ scale and a zero per group of 32 columns, and a code's two nibbles are two
 
 — torch's ``(q - 8) * scale + zero`` with scale ``16s``, zero 0 for the high
 plane and scale ``s``, zero ``8s`` for the low one. Stacked as one weight of
-``2 N`` rows, one kernel call computes both halves (SmolLM2's head: ~3 ms a
-token); they are added in float32.
+``2 N`` rows, one kernel call computes both halves; they are added in float32.
 
 Exactness: the kernel widens the scale and zero (rounded to its dtype once, at
 packing) to float32 and computes ``(q - 8) * scale + zero`` there; a 4-bit code

@@ -3,14 +3,14 @@
 Why: packing a GGUF file's Q4_0/Q4_1 blocks and Q8_0 planes is a byte
 transpose plus nibble arithmetic; torch runs the transpose as a strided
 element-by-element copy and the arithmetic as several passes over memory,
-which was a large part of a packed SmolLM2 load. The C in ``native_packing.c``
+which was a large part of a packed GGUF load. The C in ``native_packing.c``
 (beside this module: plain C99, no Python or torch headers, SSE2 where the
 compiler targets it) transposes 16 x 16 byte tiles in registers and combines
 the nibbles while they are in cache (``benchmarks/RESULTS.md`` has the
 numbers).
 
 How: the first load that packs compiles the source with the system C compiler
-(``$CC``, else ``cc``: one program name; about 0.2 s) into
+(``$CC``, else ``cc``: one program name) into
 ``$LOADER_CACHE_DIR/native`` (else the user cache folder for ``loader``),
 named by a hash of the source, compiler, flags and machine, and loads it with
 :mod:`ctypes`; later processes load the cached file (:mod:`loader._native_build`:
