@@ -1,7 +1,7 @@
 """Our own GGUF header reader: metadata, tensor table and where the data starts, validated.
 
-Why not ``gguf.GGUFReader``: it builds a numpy array per metadata element (about two seconds
-for SmolLM2's 49k-token vocabulary, twice our whole load budget), trusts every count in the
+Why not ``gguf.GGUFReader``: it builds a numpy array per metadata element (for a large
+vocabulary, slower than a whole load should take), trusts every count in the
 file (a string length of 2**60 or an array of 2**62 elements loops or allocates before it
 fails) and reports malformed files as bare ``ValueError``/``IndexError``. This reader walks
 the header once with ``struct`` over the bytes of the file, checks every count against the

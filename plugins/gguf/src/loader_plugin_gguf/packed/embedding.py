@@ -13,8 +13,8 @@ tensor and indexing it. Stored per type:
   instead of float32's 4, for the Q6_K embeddings and heads of llama.cpp's
   ``_M`` files. A Q8_0 table with a head (``int4x2``) keeps its codes as the
   head's two int4 planes instead (:func:`loader.kernels.pack_int8_grouped`: one call of
-  torch's int4 kernel over the high and low nibbles, ~3 ms a token for
-  SmolLM2's head against ~7 ms for the per-block int8 calls below) and reads
+  torch's int4 kernel over the high and low nibbles, instead of the per-block
+  int8 calls below) and reads
   looked-up rows back from them, so rows stay bit-equal. Otherwise the layout
   serves the head: each 32-column (Q6_K: 16-column) slice of codes is one contiguous int8 matrix for torch's
   ``_weight_int8pack_mm`` with that block's ``d`` as its per-row scale, and the
@@ -22,8 +22,8 @@ tensor and indexing it. Stored per type:
   kernel dtype made at load, ``q8_head_scales``) — exact math on the
   stored codes, rounded only as the kernel dtype rounds. The kernel's dtype is
   the linears' (bfloat16; ``kernel_dtype=float32`` for float32): in float32
-  torch's int8 kernel is slow (SmolLM2 decode 12 tok/s against 45 in
-  bfloat16), and bfloat16 logits flip near-ties, so the head returns float32
+  torch's int8 kernel is far slower than in bfloat16 (benchmarks/RESULTS.md),
+  and bfloat16 logits flip near-ties, so the head returns float32
   logits with each position's top 64 recomputed exactly from their looked-up
   rows (:meth:`GGUFEmbeddingMethod._refine_top`), for bfloat16 activations too.
 - every other type: the raw blocks ``uint8 [rows, row_bytes]``. A tied head of
@@ -259,8 +259,8 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         """Recompute each position's :data:`REFINED_LOGITS` largest logits exactly, in float32, in place.
 
         The kernel rounds every block's partial product (the int4 kernel its
-        output) to bfloat16, enough to swap near-tied top tokens (SmolLM2:
-        top-1 agreement with the float32 model 0.973); the true top token is
+        output) to bfloat16, enough to swap near-tied top tokens
+        (benchmarks/RESULTS.md); the true top token is
         among the kernel's top 64 unless the rounding moves a logit by more
         than the gap to the 64th, so greedy decoding sees float32 logits
         where it looks. The rows come from the exact lookup

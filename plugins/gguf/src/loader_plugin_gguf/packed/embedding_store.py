@@ -110,7 +110,7 @@ def exact_rows(layer: nn.Module, state: GGUFEmbeddingState, ids: torch.Tensor) -
 def int8_head(layer: nn.Module, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``sum_g (x_g @ codes_g.T) * d_g``: one int8 matmul per 32-column block, its ``d`` as the row scale."""
     codes = buffer(layer, "q8_codes")
-    # the head's scales in the kernel's dtype, cast once at load (casting 49152 x 18 per token cost ~0.4 ms)
+    # the head's scales in the kernel's dtype, cast once at load rather than on every token
     head_scales = getattr(layer, "q8_head_scales", None)
     scales = head_scales if isinstance(head_scales, torch.Tensor) else buffer(layer, "q8_scales")
     if scales.dtype != dtype:

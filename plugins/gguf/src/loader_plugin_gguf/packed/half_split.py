@@ -125,7 +125,7 @@ def _by_column(parts: Sequence[torch.Tensor], n: int, block_n: int) -> torch.Ten
     """The first ``n // block_n`` row blocks of the parts' rows transposed to ``[B, 2, G, 16, block_n / 2]`` bytes.
 
     Each block's two halves of rows (the rows a byte of torch's layout pairs) land in two contiguous planes, so
-    the nibble pairing runs over long contiguous words (interleaved halves were 4-word runs, ~3x slower).
+    the nibble pairing runs over long contiguous words (interleaved halves give 4-word runs, which are slower).
     Every part but the last holds whole blocks (:func:`_int4pack_from_half_split` sees to it), so each is
     copied straight into its own blocks.
     """

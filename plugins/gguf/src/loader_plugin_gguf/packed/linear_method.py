@@ -12,12 +12,12 @@ is decoded from its blocks into codes, scales and biases (:mod:`.q4_blocks`;
 llama.cpp's q/k rotary interleave is undone on the block rows) and packed by
 :func:`loader.kernels.pack_int4` (:mod:`.linear_packing`) — Q4_0/Q4_1 by
 :func:`~.half_split.pack_int4_half_split_parts` straight from the blocks'
-nibbles (unpacking every code to a byte first was half of a SmolLM2 load). A Q8_0 layer keeps its int8 codes as two int4
+nibbles (unpacking every code to a byte first cost much of a load). A Q8_0 layer keeps its int8 codes as two int4
 planes of the same kernel (``int4x2``, :func:`loader.kernels.pack_int8_grouped`:
 ``c d = (h - 8) 16d + (l - 8) d + 8d`` for the codes' high and low nibbles),
 a byte a value where dequantized bfloat16 holds two.
 
-A layer falls back to today's dequantized weight, with the reason recorded in
+A layer falls back to the dequantized weight, with the reason recorded in
 the load report, when its parts are another block type (Q5_x, Q6_K, F16, ...:
 torch's int8 weight-only kernel ``_weight_int8pack_mm`` takes one scale per
 output row, which cannot express their per-16/32-value scales exactly, and
@@ -39,7 +39,7 @@ What a packing call makes is kept on disk between loads (:class:`loader.kernels.
 bytes the first one packed instead of packing them into fresh memory again.
 
 The kernel computes in bfloat16 (float16 when the load dtype is float16): in
-float32 it is ten to a hundred times slower (``format_options={"kernel_dtype":
+float32 it is far slower (``format_options={"kernel_dtype":
 "float32"}`` asks for it). :meth:`GGUFLinearMethod.apply` casts the
 activations to the kernel's dtype and the result back, so a float32 load
 (``dtype="auto"``, GGUF's default) keeps its residual stream, norms, attention
@@ -51,7 +51,7 @@ input columns: :meth:`GGUFLinearMethod.apply` gathers the split input and
 returns its rows padded with zeros, so the layer's all-reduce adds each
 output to zeros and tp > 1 computes what tp=1 does (the kernel computes a row
 the same whichever rows it holds); summing the ranks' bfloat16 partial
-products instead was 2.4e-3 off tp=1. Rows the kernel refuses (no multiple of
+products instead is not equal to tp=1. Rows the kernel refuses (no multiple of
 16 a rank) keep the columns, as other methods do.
 
 Exactness: the packed weight is ``(q - 8) * s + z`` in the kernel dtype, from
