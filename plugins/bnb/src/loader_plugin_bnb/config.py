@@ -9,7 +9,9 @@ Two ways in, one config:
   ``quant_method: "bitsandbytes"`` as ``transformers`` writes it; the packed
   tensors' own headers then say the blocksize and quant type of each weight.
 
-Importing this module is light (no torch): the entry point imports it.
+It imports the quantize method it hands out (and torch with it); the entry
+point imports it, through :mod:`.detection`, only for a load that asks for
+bitsandbytes or whose checkpoint declares it.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
+import torch
 
 from loader.errors import ConfigError, UnsupportedError
-from loader.layers import QuantizationConfig
+from loader.layers import LinearBase, QuantizationConfig
 
+from .grouping import group_packed_weights
+from .linear_method import BitsAndBytesLinearMethod
 from .names import METHOD_NAME
 from .quant_state import BLOCKSIZES, QUANT_TYPES
 
@@ -93,12 +98,8 @@ class BitsAndBytesConfig(QuantizationConfig):
 
     def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
         """:class:`~loader_plugin_bnb.linear_method.BitsAndBytesLinearMethod` for every parallel linear layer."""
-        from loader.layers import LinearBase
-
         if not isinstance(layer, LinearBase):
             return None
-        from .linear_method import BitsAndBytesLinearMethod
-
         return BitsAndBytesLinearMethod(self)
 
     def wrap_weights(self, weights: WeightStream) -> WeightStream:
@@ -110,8 +111,6 @@ class BitsAndBytesConfig(QuantizationConfig):
         """
         if not self.prequantized:
             return weights
-        from .grouping import group_packed_weights
-
         return group_packed_weights(weights)
 
     @property
@@ -119,8 +118,6 @@ class BitsAndBytesConfig(QuantizationConfig):
         """``compute_dtype`` as a ``torch.dtype`` (or ``None``)."""
         if self.compute_dtype is None:
             return None
-        import torch
-
         return getattr(torch, self.compute_dtype)
 
 

@@ -32,7 +32,6 @@ from loader.errors import CheckpointFormatError, UnsupportedError
 from loader.layers import LinearMethodBase, LinearShape, ParamLayout, set_param_layout
 
 from .codec import code_table, dequantize_blocks, quantize_blocks
-from .config import BitsAndBytesConfig
 from .layer_codes import LayerCodes, ShardId, tensor_of
 from .nesting import NestedPart, assemble, dequantize_layer, module_blocks, nest_part
 from .packed_tensor import BlockAlignmentError, Packed4bitTensor
@@ -42,6 +41,8 @@ if TYPE_CHECKING:
 
     from loader.layers import LinearBase, NarrowedPart
     from loader.weights import CheckpointTensor
+
+    from .config import BitsAndBytesConfig
 
 __all__ = ["DUMMY_ABSMAX", "BitsAndBytesLinearMethod"]
 

@@ -8,7 +8,6 @@ so ``loader plugins`` lists this plugin without loading any of them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loader.hookspecs import hookimpl
@@ -41,21 +40,18 @@ def loader_detect_format(source: Source, requested: str) -> WeightFormat | None:
 def loader_read_config(source: Source, weight_format: WeightFormat) -> Mapping[str, Any] | None:
     if weight_format.name != FORMAT_NAME:
         return None
-    from .format.config import hf_config
-    from .format.header import read_header
+    from .format.config import hf_config_of_files
 
-    headers = [read_header(Path(file)) for file in weight_format.files]  # cached: the load reads them again
-    return hf_config(headers[0], frozenset().union(*(header.tensor_names() for header in headers)))
+    return hf_config_of_files(weight_format.files)
 
 
 @hookimpl
 def loader_load_tokenizer(source: Source, weight_format: WeightFormat) -> TokenizerBundle | None:
     if weight_format.name != FORMAT_NAME:
         return None
-    from .format.header import read_header
-    from .format.tokenizer import build_tokenizer
+    from .format.tokenizer import tokenizer_of_file
 
-    return build_tokenizer(read_header(Path(weight_format.files[0])))
+    return tokenizer_of_file(weight_format.files[0])
 
 
 @hookimpl
@@ -83,20 +79,10 @@ def loader_detect_quantization(hf_config: Mapping[str, Any], requested: str | No
     """
     if requested not in ("gguf", None) or (requested is None and options.weight_format != FORMAT_NAME):
         return None
-    from .packed.bundle_keys import cache_requested
-    from .packed.config import GGUFQuantConfig
-    from .packed.options import kernel_dtype_for, kernel_dtype_requested, packing_requested
+    from .packed.config import config_for_load
 
-    kernel_dtype = kernel_dtype_requested(options) or kernel_dtype_for(options.dtype)
-    use_cache = cache_requested(options)
     # the files' headers let each layer plan its kernel before loading (``loader inspect --layers``)
-    files = options.weight_files if options.weight_format == FORMAT_NAME else ()
-    if requested == "gguf" or packing_requested(options):
-        # dtype auto: what cannot stay packed is dequantized to the kernel's dtype, not float32
-        dense_dtype = kernel_dtype if options.dtype_auto else None
-        return GGUFQuantConfig(kernel_dtype=kernel_dtype, dense_dtype=dense_dtype, files=files,
-                               head_type=_output_head_type(files), use_packed_cache=use_cache)
-    return None
+    return config_for_load(requested, options, options.weight_files if options.weight_format == FORMAT_NAME else ())
 
 
 @hookimpl(wrapper=True)
@@ -106,19 +92,8 @@ def loader_process_weights_after_loading(model: nn.Module, quant_config: Quantiz
     load that packed layers it did not find there (:mod:`~.packed.bundle_keys`); a failed load writes nothing."""
     result = yield
     if quant_config is not None and quant_config.name == "gguf":
-        from .packed.config import GGUFQuantConfig
+        from .packed.config import finish_load
 
-        if isinstance(quant_config, GGUFQuantConfig):
-            quant_config.finish_packed_cache()
+        finish_load(quant_config)
     return result
 
-
-def _output_head_type(files: tuple[str, ...]) -> int | None:
-    """The ggml type of ``output.weight`` in any of the load's files (headers are cached), ``None`` if absent."""
-    from .format.header import read_header
-
-    for file in files:
-        for info in read_header(Path(file)).tensors:
-            if info.name == "output.weight":
-                return int(info.ggml_type)
-    return None

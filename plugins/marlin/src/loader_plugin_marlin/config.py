@@ -10,7 +10,9 @@ load --json``). Each format's subclass adds what only it has and names its
 :class:`~loader_plugin_marlin.param_specs.CheckpointLayout`.
 
 This module holds GPTQ's config (AWQ's and compressed-tensors' live beside
-their layouts). Importing it is light (no torch): the entry point imports it.
+their layouts). It imports the quantize method it hands out (and torch with
+it); the entry point imports it, through :mod:`.detection`, only for a load
+whose checkpoint declares one of these methods.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 
 from loader.errors import ConfigError, UnsupportedError
-from loader.layers import QuantizationConfig
+from loader.layers import LinearBase, ParallelLMHead, QuantizationConfig
+
+from .gptq_format import GPTQLayout
+from .linear_method import PackedLinearMethod
 
 if TYPE_CHECKING:
     from torch import nn
@@ -99,12 +104,8 @@ class PackedQuantConfig(QuantizationConfig):
     def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
         """:class:`~loader_plugin_marlin.linear_method.PackedLinearMethod` for every parallel linear layer, and for
         the output head when the checkpoint quantizes it (:attr:`lm_head`)."""
-        from loader.layers import LinearBase, ParallelLMHead
-
         if not (isinstance(layer, LinearBase) or (self.lm_head and isinstance(layer, ParallelLMHead))):
             return None
-        from .linear_method import PackedLinearMethod
-
         return PackedLinearMethod(self)
 
 
@@ -161,8 +162,6 @@ class GPTQConfig(PackedQuantConfig):
         overrides = dict(next(iter(found.values())))
         if not overrides:
             return method
-        from .linear_method import PackedLinearMethod
-
         return PackedLinearMethod(attrs.evolve(self, **overrides))  # kernel_log is the same dict
 
     @property
@@ -172,8 +171,6 @@ class GPTQConfig(PackedQuantConfig):
 
     @property
     def layout(self) -> CheckpointLayout:
-        from .gptq_format import GPTQLayout
-
         return GPTQLayout(self)
 
     def describe(self) -> dict[str, Any]:

@@ -13,27 +13,16 @@ from typing import Any
 
 from loader.errors import UnsupportedError
 
+from .awq_format import awq_config_from_checkpoint
+from .compressed_tensors_format import ct_config_from_checkpoint
 from .config import PackedQuantConfig, config_from_checkpoint
 
 __all__ = ["METHODS", "detect_packed"]
 
-
-def _awq(declared: Mapping[str, Any], options: Mapping[str, Any] | None) -> PackedQuantConfig:
-    from .awq_format import awq_config_from_checkpoint
-
-    return awq_config_from_checkpoint(declared, options)
-
-
-def _compressed_tensors(declared: Mapping[str, Any], options: Mapping[str, Any] | None) -> PackedQuantConfig:
-    from .compressed_tensors_format import ct_config_from_checkpoint
-
-    return ct_config_from_checkpoint(declared, options)
-
-
 METHODS: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any] | None], PackedQuantConfig]] = {
     "gptq": config_from_checkpoint,
-    "awq": _awq,
-    "compressed-tensors": _compressed_tensors,
+    "awq": awq_config_from_checkpoint,
+    "compressed-tensors": ct_config_from_checkpoint,
 }
 
 

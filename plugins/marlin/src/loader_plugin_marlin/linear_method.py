@@ -27,9 +27,9 @@ import torch
 
 from loader.errors import CheckpointFormatError
 from loader.layers import LinearMethodBase, LinearShape, ParamLayout, WeightLoader, set_param_layout
+from loader.models import current_session
 
 from .column_chunks import int4_by_columns
-from .config import PackedQuantConfig
 from .kernels import LayerKernel, choose_kernel, plan_kernel
 from .layer_geometry import LayerGeometry, layer_geometry
 from .param_specs import ParamSpec
@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 
     from loader.kernels import KernelChoice
     from loader.layers import LinearBase, NarrowedPart
+
+    from .config import PackedQuantConfig
 
 __all__ = ["PackedLayerState", "PackedLinearMethod"]
 
@@ -141,8 +143,6 @@ class PackedLinearMethod(LinearMethodBase):
 
     def layer_plan(self, layer: nn.Module) -> KernelChoice | None:
         """The kernel this layer will get on the load's device, from its shapes (``loader inspect --layers``)."""
-        from loader.models import current_session
-
         state = self.layer_state(layer, PackedLayerState)
         cfg = self.config
         choice = plan_kernel(state.geometry, bits=cfg.bits, group_size=cfg.group_size, act_order=cfg.act_order,

@@ -20,6 +20,8 @@ when it loads the same file, so logits agree:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,11 +29,11 @@ import numpy as np
 from loader.errors import ConfigError, UnknownArchitectureError, UnsupportedError
 from loader.weights import ReadStats
 
-from .header import GGUFHeader, GGUFStrings
+from .header import GGUFHeader, GGUFStrings, read_header
 from .rope_freqs import llama3_scaling_from_divisors
 from .tensors import GGUFTensor, MappedFile
 
-__all__ = ["ARCHITECTURES", "ROTARY_PERMUTED", "attention_heads", "hf_config", "vocab_size"]
+__all__ = ["ARCHITECTURES", "ROTARY_PERMUTED", "attention_heads", "hf_config", "hf_config_of_files", "vocab_size"]
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 """``general.architecture`` -> the HF architecture our model plugins register."""
@@ -185,3 +187,10 @@ def hf_config(header: GGUFHeader, tensor_names: frozenset[str] | None = None) ->
             config[field] = value
     return config
 
+
+
+def hf_config_of_files(files: Sequence[str]) -> dict[str, Any]:
+    """:func:`hf_config` of a GGUF file or split set: the first file's metadata, every file's tensor names (the
+    headers are cached: the load reads them again)."""
+    headers = [read_header(Path(file)) for file in files]
+    return hf_config(headers[0], frozenset().union(*(header.tensor_names() for header in headers)))

@@ -17,6 +17,7 @@ so both are matched whole in text. BOS/EOS are added by the post-processor when
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
@@ -24,10 +25,10 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pro
 from loader.checkpoint import TokenizerBundle
 from loader.errors import UnsupportedError
 
-from .header import GGUFHeader, GGUFStrings
+from .header import GGUFHeader, GGUFStrings, read_header
 from .pretokenizers import IGNORE_MERGES, pre_tokenizer_for
 
-__all__ = ["build_tokenizer", "byte_alphabet", "merges_from_scores"]
+__all__ = ["build_tokenizer", "byte_alphabet", "merges_from_scores", "tokenizer_of_file"]
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 SPIECE_SPACE = "\u2581"
@@ -175,3 +176,8 @@ def build_tokenizer(header: GGUFHeader) -> TokenizerBundle | None:
         eos_token_ids=tuple(dict.fromkeys(stops)),
         add_bos_token=add_bos,
     )
+
+
+def tokenizer_of_file(file: str) -> TokenizerBundle | None:
+    """:func:`build_tokenizer` from the metadata of ``file`` (a split set's first part holds it)."""
+    return build_tokenizer(read_header(Path(file)))

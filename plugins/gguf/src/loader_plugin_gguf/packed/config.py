@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -20,19 +21,21 @@ from loader.layers import LinearBase, ParallelLMHead, QuantizationConfig, VocabP
 from loader.models import current_session
 from loader.weights import CheckpointTensor, ReadStats
 
+from ..format.header import read_header
 from ..format.weight_stream import iter_gguf_weights
-from .bundle_keys import open_bundle
+from .bundle_keys import cache_requested, open_bundle
 from .embedding import GGUFEmbeddingMethod, GGUFHeadMethod
 from .embedding_store import HEAD_KERNEL_TYPES
 from .linear_method import GGUFLinearMethod
-from .options import METHOD_NAME, dtype_name
+from .options import METHOD_NAME, dtype_name, kernel_dtype_for, kernel_dtype_requested, packing_requested
 
 if TYPE_CHECKING:
     from torch import nn
 
+    from loader.checkpoint import LoadOptions
     from loader.layers import QuantizeMethodBase
 
-__all__ = ["GGUFQuantConfig"]
+__all__ = ["GGUFQuantConfig", "config_for_load", "finish_load"]
 
 _PACKED_CACHE_LOCK = threading.Lock()
 """Guards making a config's :class:`~loader.kernels.PackedBundle` (layers ask from worker threads);
@@ -144,3 +147,33 @@ def _packing(kernels: dict[str, int]) -> str | None:
     if native_repack() is not None:
         return "compiled"
     return f"torch: {native_repack_unavailable_reason()}"
+
+
+def config_for_load(requested: str | None, options: LoadOptions, files: tuple[str, ...]) -> GGUFQuantConfig | None:
+    """The config of a GGUF load that keeps its blocks packed (``requested`` ``gguf``, or no quantization named
+    and :func:`~.options.packing_requested`), ``None`` when it dequantizes; the options are checked first
+    (:func:`~.bundle_keys.cache_requested`), whichever it is. ``files``: the load's GGUF files, whose headers
+    each layer plans from."""
+    kernel_dtype = kernel_dtype_requested(options) or kernel_dtype_for(options.dtype)
+    use_cache = cache_requested(options)
+    if requested != "gguf" and not packing_requested(options):
+        return None
+    # dtype auto: what cannot stay packed is dequantized to the kernel's dtype, not float32
+    dense_dtype = kernel_dtype if options.dtype_auto else None
+    return GGUFQuantConfig(kernel_dtype=kernel_dtype, dense_dtype=dense_dtype, files=files,
+                           head_type=_output_head_type(files), use_packed_cache=use_cache)
+
+
+def finish_load(quant_config: QuantizationConfig) -> None:
+    """After every layer of a load succeeded: write the packed-weights bundle of a packed GGUF load."""
+    if isinstance(quant_config, GGUFQuantConfig):
+        quant_config.finish_packed_cache()
+
+
+def _output_head_type(files: tuple[str, ...]) -> int | None:
+    """The ggml type of ``output.weight`` in any of the load's files (headers are cached), ``None`` if absent."""
+    for file in files:
+        for info in read_header(Path(file)).tensors:
+            if info.name == "output.weight":
+                return int(info.ggml_type)
+    return None
