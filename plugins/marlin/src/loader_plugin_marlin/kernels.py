@@ -2,9 +2,8 @@
 
 On the CPU: torch's packed int4 kernel for 4-bit weights, its int8 kernel
 for channelwise 8-bit ones, and dequantize-then-matmul (the reference) for
-what neither takes. Measured on this project's 2-core machine (N = K = 4096,
-one token; see ``loader.kernels.pack_int4``): the packed kernels beat dequantize + matmul by
-two to three orders of magnitude in both bfloat16 and float32, so ``auto``
+what neither takes. The packed kernels beat dequantize + matmul by orders of
+magnitude in both bfloat16 and float32 (benchmarks/RESULTS.md), so ``auto``
 takes them whenever the layer fits and records why when it does not.
 
 Act-order does not force the fallback: sorting the input rows by ``g_idx``
