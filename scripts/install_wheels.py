@@ -10,6 +10,7 @@ same-named project there must not win); their third-party requirements come from
 through ``constraints.txt``.
 
     python scripts/install_wheels.py --wheels DIR [--constraint FILE] NAME...    # NAME: gguf, runai[test], ...
+    python scripts/install_wheels.py --wheels DIR --all                          # every wheel in DIR
 
 Standard library only: it runs in each test env before anything else is installed there.
 """
@@ -83,10 +84,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--wheels", type=Path, required=True, help="the folder scripts/build_wheels.py filled")
     parser.add_argument("--constraint", type=Path, default=ROOT / "constraints.txt", help="pip constraints file")
+    parser.add_argument("--all", action="store_true", help="install every wheel in the folder (every plugin)")
     parser.add_argument("names", nargs="*", help="plugins to install (core is always installed)")
     args = parser.parse_args()
 
     wheels = wheels_by_name(args.wheels)
+    if args.all:
+        args.names = [*args.names, *(n for n in wheels if n != "loader-core")]
     extras = dict(distribution_name(n) for n in args.names)  # safetensors[test] -> its wheel with extra "test"
     wanted = with_requirements(list(extras), wheels)
     installed = {canonical(d.metadata["Name"] or "") for d in importlib.metadata.distributions()}

@@ -47,18 +47,21 @@ class KnownPlugin:
         return value.lower() in {v.lower() for v in values}
 
 
+# begin plugin list: written by `make plugins` from plugins/*/pyproject.toml
 KNOWN_PLUGINS: tuple[KnownPlugin, ...] = (
-    KnownPlugin("safetensors", formats=("safetensors", "pt")),
-    KnownPlugin("gguf", formats=("gguf",)),
     KnownPlugin("bnb", quantization=("bitsandbytes",)),
-    KnownPlugin("marlin", quantization=("gptq", "awq", "compressed-tensors")),
-    KnownPlugin("runai", formats=("runai_streamer", "runai_streamer_sharded"), schemes=("s3",)),
+    KnownPlugin("gguf", formats=("gguf",)),
     KnownPlugin("llama", architectures=("LlamaForCausalLM",)),
+    KnownPlugin("marlin", quantization=("gptq", "awq", "compressed-tensors")),
     KnownPlugin("mistral", architectures=("MistralForCausalLM",)),
     KnownPlugin("qwen", architectures=("Qwen2ForCausalLM", "Qwen3ForCausalLM")),
+    KnownPlugin("runai", formats=("runai_streamer", "runai_streamer_sharded"), schemes=("s3",)),
+    KnownPlugin("safetensors", formats=("safetensors", "pt")),
     KnownPlugin("transformers"),
 )
-"""Distribution ``loader-plugin-<name>`` → what it provides. Keep in step with the plugins' own hooks."""
+# end plugin list
+"""Distribution ``loader-plugin-<name>`` → what it provides, from the ``[tool.loader]`` table of
+``plugins/<name>/pyproject.toml`` (``make plugins`` writes it): keep that in step with the plugin's hooks."""
 
 FALLBACK_ARCHITECTURE_PLUGIN = "transformers"
 """Builds any architecture ``transformers`` knows: the suggestion for one no model plugin names."""

@@ -101,6 +101,7 @@ def test_load_format_keeps_format_as_an_alias(flag: str) -> None:
         assert build_parser().parse_args([*command, flag, "gguf"]).load_format == "gguf"
 
 
+@pytest.mark.needs_plugins
 @NEEDS_LLAMA
 def test_load_defaults_to_the_checkpoints_dtype(tmp_path: Path) -> None:
     from tests.helpers.hf_checkpoints import save_checkpoint
@@ -136,6 +137,7 @@ def test_help_names_the_uri_schemes_installed_plugins_provide(monkeypatch: pytes
     assert "://" not in source_help()  # no plugin provides a scheme: none is offered
 
 
+@pytest.mark.needs_plugins
 @NEEDS_LLAMA
 @pytest.mark.torchrun
 def test_tensor_parallel_size_launches_the_workers(tmp_path: Path) -> None:

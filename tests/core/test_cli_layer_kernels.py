@@ -45,6 +45,7 @@ def test_a_list_valued_key_prints_as_a_comma_separated_cell(capsys):
     assert capsys.readouterr().out.splitlines()[-1].endswith("part 1: Q8_0  Q4_1, Q8_0")
 
 
+@pytest.mark.needs_plugins
 @NEEDS_LLAMA
 def test_inspect_layers_plans_a_dense_model(tmp_path: Path):
     from tests.helpers.hf_checkpoints import save_checkpoint

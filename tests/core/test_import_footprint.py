@@ -79,6 +79,7 @@ def _modules_after(code: str, *args: str) -> set[str]:
     return set(json.loads(out.stdout.splitlines()[-1]))
 
 
+@pytest.mark.needs_plugins
 def test_plugin_discovery_and_the_fallback_class_leave_unused_modules_out() -> None:
     pytest.importorskip("loader_plugin_runai")
     loaded = _modules_after(_DISCOVER)
@@ -86,6 +87,7 @@ def test_plugin_discovery_and_the_fallback_class_leave_unused_modules_out() -> N
     assert sorted(loaded & set(NOT_AT_DISCOVERY)) == []
 
 
+@pytest.mark.needs_plugins
 def test_a_local_safetensors_load_leaves_unused_modules_out(tmp_path) -> None:
     for plugin in ("loader_plugin_runai", "loader_plugin_bnb", "loader_plugin_marlin", "loader_plugin_mistral",
                    "loader_plugin_transformers", "loader_plugin_llama"):
@@ -100,6 +102,7 @@ def test_a_local_safetensors_load_leaves_unused_modules_out(tmp_path) -> None:
     assert sorted(loaded & set(NOT_IN_A_LOCAL_LOAD)) == []
 
 
+@pytest.mark.needs_plugins
 @pytest.mark.parametrize("package", ["loader_plugin_bnb", "loader_plugin_marlin"])
 def test_the_quantization_packages_still_export_their_names_on_first_use(package: str) -> None:
     pytest.importorskip(package)
@@ -110,6 +113,7 @@ def test_the_quantization_packages_still_export_their_names_on_first_use(package
     assert json.loads(out.stdout) == [False, [], True]
 
 
+@pytest.mark.needs_plugins
 def test_the_runai_package_still_exports_its_names_on_first_use() -> None:
     pytest.importorskip("loader_plugin_runai")
     code = ("import json, sys, loader_plugin_runai as p; before = 'loader_plugin_runai.s3_folder' in sys.modules; "

@@ -230,6 +230,7 @@ def test_each_tp_rank_packs_its_own_rows_and_a_row_parallel_layer_keeps_whole_ro
     assert torch.equal(_packed(shard, "model.layers.0.mlp.down_proj"), down[32 * rank:32 * (rank + 1)])
 
 
+@pytest.mark.needs_plugins
 def test_a_non_gguf_checkpoint_is_refused_by_name(tmp_path):
     pytest.importorskip("loader_plugin_safetensors", reason="reading the non-GGUF checkpoint needs its format plugin")
     from tests.helpers.hf_checkpoints import build_model, tiny_config
@@ -520,6 +521,7 @@ def test_a_row_parallel_layer_whose_rank_rows_the_kernel_refuses_keeps_its_colum
     assert torch.equal(_packed(shard, "model.layers.0.mlp.down_proj"), full[:, 128 * rank:128 * (rank + 1)])
 
 
+@pytest.mark.needs_plugins
 def test_the_default_packed_load_through_the_transformers_fallback_equals_the_native_class(tiny_gguf):
     pytest.importorskip("loader_plugin_transformers", reason="the fallback is another plugin")
     path, model = tiny_gguf("llama", Q.Q4_1, rope_scaling=None)

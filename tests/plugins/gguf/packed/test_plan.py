@@ -132,6 +132,7 @@ def test_a_forced_dequantize_load_plans_no_gguf_layers(mixed):
     assert {record["kernel"] for record in plan["layers"].values()} == {"dense"}
 
 
+@pytest.mark.needs_plugins
 def test_the_transformers_fallback_plans_under_the_names_its_load_records(tmp_path):
     """The fallback nests loader's linears under ``hf_model.``; plan and load both key a layer by its prefix."""
     pytest.importorskip("loader_plugin_transformers", reason="the fallback is another plugin")
