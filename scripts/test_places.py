@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from _pytest.mark.expression import Expression
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -97,8 +98,6 @@ def _under(path: str, folder: str) -> bool:
 
 
 def _marker_matches(expression: str, markers: set[str]) -> bool:
-    from _pytest.mark.expression import Expression
-
     def matcher(name: str, **kwargs: object) -> bool:
         return name in markers
 

@@ -20,6 +20,8 @@ import subprocess
 import pytest
 import torch
 
+from scripts.distributions import shipped_distributions
+from scripts.plugin_list import plugins
 from tests.helpers.hf_checkpoints import reference_logits, save_checkpoint
 from tests.helpers.layered_venv import REPO, create_layered_venv
 
@@ -51,9 +53,6 @@ def test_the_walkthrough_has_every_step_in_order():
 def test_the_template_is_not_a_shipped_plugin():
     """Nothing lists it: not the distributions built and tested (the Makefile's PLUGINS follows the same rule),
     not the plugin lists of README, tox.ini, mkdocs.yml and the core."""
-    from scripts.distributions import shipped_distributions
-    from scripts.plugin_list import plugins
-
     assert "loader-plugin-template" not in {d.name for d in shipped_distributions()}
     assert "template" not in {p.name for p in plugins()}
     assert "plugins/_%" in (REPO / "Makefile").read_text(encoding="utf-8")
