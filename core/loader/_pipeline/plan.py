@@ -18,6 +18,7 @@ from .._plugins import PluginHost
 from .._session import LoadSession, current_session, load_session
 from ..errors import LoadError, PluginError
 from ..kernels.choice import KernelChoice
+from ..layers.quantization import QuantizeMethodBase
 from .load import _build, build_options, resolve_options
 from .prepare import prepare_checkpoint
 
@@ -54,8 +55,6 @@ def _key(module: Any, name: str) -> str:
 
 
 def _method(module: Any) -> Any:
-    from ..layers.quantization import QuantizeMethodBase
-
     method = getattr(module, "quant_method", None)
     return method if isinstance(method, QuantizeMethodBase) else None
 
