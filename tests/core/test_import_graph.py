@@ -14,7 +14,7 @@ from tests.helpers.import_graph import build_import_graph, package_roots
 
 REPO = Path(__file__).resolve().parents[2]
 
-FUNCTION_LEVEL_IMPORTS_AT_MOST = 60
+FUNCTION_LEVEL_IMPORTS_AT_MOST = 54
 """First-party imports still made inside functions. Each one left keeps a light module light (``import loader``,
 an entry-point module, the CLI before it needs torch) or defers an optional part; lower it when you move one to
 the top, never raise it to hide a cycle."""
@@ -44,8 +44,9 @@ def test_no_import_cycle_in_the_core_or_any_plugin() -> None:
 
 def test_few_first_party_imports_are_made_inside_functions() -> None:
     inside = build_import_graph(package_roots(REPO)).function_level()
+    statements = {(e.importer, e.line) for e in inside}
     listing = "\n".join(f"{e.importer}:{e.line} imports {e.imported}" for e in inside)
-    assert len(inside) <= FUNCTION_LEVEL_IMPORTS_AT_MOST, listing
+    assert len(statements) <= FUNCTION_LEVEL_IMPORTS_AT_MOST, listing
 
 
 def test_a_cycle_through_a_function_level_import_is_found(tmp_path: Path) -> None:

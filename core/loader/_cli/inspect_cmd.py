@@ -15,6 +15,13 @@ import argparse
 from collections import Counter
 from typing import Any
 
+from .. import _hooks
+from .._options import LoadOptions, check_model_impl
+from .._pipeline.plan import plan_layers
+from .._pipeline.prepare import prepare_checkpoint
+from .._registry import get_registry
+from ..errors import UnknownArchitectureError
+from ..weights import ReadStats
 from .layer_kernels import kernel_summary_lines, print_layer_table
 from .output import format_bytes, print_json, print_table
 
@@ -25,13 +32,6 @@ def inspect_source(location: str, load_format: str = "auto", revision: str | Non
                    model_impl: str = "auto") -> dict[str, Any]:
     """The facts ``loader inspect`` prints, as a JSON-friendly dict."""
     import torch
-
-    from .. import _hooks
-    from .._options import LoadOptions, check_model_impl
-    from .._pipeline.prepare import prepare_checkpoint
-    from .._registry import get_registry
-    from ..errors import UnknownArchitectureError
-    from ..weights import ReadStats
 
     check_model_impl(model_impl)
     # headers_only: a remote format (s3://, a Hub id) lists tensors from headers instead of fetching them
@@ -76,8 +76,6 @@ def inspect_source(location: str, load_format: str = "auto", revision: str | Non
 def run_inspect(args: argparse.Namespace) -> int:
     info = inspect_source(args.source, args.load_format, args.revision, args.model_impl)
     if args.layers:
-        from .._pipeline.plan import plan_layers
-
         plan = plan_layers(args.source, device=args.device, load_format=args.load_format,
                            quantization=args.quantization, revision=args.revision, model_impl=args.model_impl)
         info["layers"] = plan["layers"]

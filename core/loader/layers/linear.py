@@ -27,6 +27,7 @@ from torch import nn
 
 from .. import _distributed
 from .._session import current_session
+from ..errors import UnsupportedError
 from .param_layout import ParamLayout, set_param_layout
 from .quantization import LinearMethodBase, LinearShape, linear_method_for
 from .shard_loading import OutputPart, ShardedWeightLoading, ShardId
@@ -222,8 +223,6 @@ class QKVParallelLinear(ColumnParallelLinear):
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
     ) -> None:
-        from ..errors import UnsupportedError
-
         tp = current_session().tp_size
         total_num_kv_heads = total_num_heads if total_num_kv_heads is None else total_num_kv_heads
         self.hidden_size = hidden_size

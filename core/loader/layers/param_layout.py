@@ -20,8 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from .default_loader import default_weight_loader
-
 if TYPE_CHECKING:
     import torch
 
@@ -120,5 +118,6 @@ def weight_loader_of(param: torch.Tensor) -> WeightLoader:
     loader = layout_of(param).weight_loader
     if loader is not None:
         return loader
+    from .default_loader import default_weight_loader  # torch's copy_: reading a layout imports no torch
 
     return default_weight_loader

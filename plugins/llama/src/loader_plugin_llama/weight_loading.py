@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from loader.errors import MissingWeightsError, UnexpectedWeightError
+from loader.layers import LinearBase, weight_loader_of
 
 if TYPE_CHECKING:
     from torch import nn
@@ -51,8 +52,6 @@ def stacked_params(model: nn.Module) -> tuple[StackedParam, ...]:
     part's shard id is the fused layer's own (``QKVParallelLinear.shard_ids()``
     is ``["q", "k", "v"]``), so neither is written down twice.
     """
-    from loader.layers import LinearBase
-
     table: Mapping[str, list[str]] = getattr(type(model), "packed_modules_mapping", {})
     shard_ids: dict[str, list[ShardId | None]] = {}
     for name, module in model.named_modules():
@@ -115,13 +114,8 @@ def load_decoder_weights(
     :raises UnexpectedWeightError: a tensor the model has no parameter for.
     :raises MissingWeightsError: a fused parameter got some of its parts but not all.
     """
-    from loader.layers import weight_loader_of
-
     stacked = stacked_params(model) if stacked is None else tuple(stacked)
     params = dict(model.named_parameters(remove_duplicate=False))
-    parts_expected: dict[str, set[ShardId]] = {}
-    for entry in stacked:
-        parts_expected.setdefault(entry.fused, set()).add(entry.shard_id)
     parts_seen: dict[str, dict[ShardId, str]] = {}
     filled: set[str] = set()
 
@@ -143,6 +137,22 @@ def load_decoder_weights(
         weight_loader_of(param)(param, tensor)
         filled.add(name)
 
+    filled |= _fused_params_complete(parts_seen, stacked)
+    for alias, target_name in (aliases or {}).items():
+        if target_name in filled:
+            filled.add(alias)
+    return filled
+
+
+def _fused_params_complete(parts_seen: Mapping[str, Mapping[ShardId, str]],
+                           stacked: tuple[StackedParam, ...]) -> set[str]:
+    """The fused parameters that got every part (their names); one that got some but not all is an error.
+
+    :raises MissingWeightsError: naming the checkpoint tensors a fused parameter still lacks.
+    """
+    parts_expected: dict[str, set[ShardId]] = {}
+    for entry in stacked:
+        parts_expected.setdefault(entry.fused, set()).add(entry.shard_id)
     for param_name, seen in parts_seen.items():
         fused = next(e.fused for e in stacked if f".{e.fused}." in param_name)
         missing = parts_expected[fused] - set(seen)
@@ -153,12 +163,7 @@ def load_decoder_weights(
                 f"parameter {param_name!r} is fused from several checkpoint tensors, but "
                 f"{', '.join(repr(n) for n in names)} {'is' if len(names) == 1 else 'are'} missing"
             )
-        filled.add(param_name)
-
-    for alias, target_name in (aliases or {}).items():
-        if target_name in filled:
-            filled.add(alias)
-    return filled
+    return set(parts_seen)
 
 
 def _part_name(example: str, stacked: Iterable[StackedParam], shard_id: ShardId) -> str:

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
+from loader.errors import SourceNotFoundError
+
 from .errors import ObjectChangedError
 from .object_store import ObjectInfo, ObjectStore
 from .uri import ObjectUri
@@ -55,7 +57,6 @@ class Snapshot:
             except OSError:
                 return None
             return FileIdentity(stat.st_size, str(stat.st_mtime_ns))
-        from loader.errors import SourceNotFoundError
 
         assert self.uri is not None
         try:
