@@ -14,6 +14,7 @@ import ast
 from pathlib import Path
 
 import loader
+from tests.helpers.import_graph import strongly_connected
 
 ROOT = Path(loader.__file__).parent
 
@@ -56,43 +57,12 @@ def _graph() -> dict[str, set[str]]:
     return graph
 
 
-def _strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
-    """Tarjan's algorithm (recursive: the graph has a few dozen nodes)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    found: list[set[str]] = []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        for nxt in graph.get(node, ()):
-            if nxt not in index:
-                visit(nxt)
-                low[node] = min(low[node], low[nxt])
-            elif nxt in stack:
-                low[node] = min(low[node], index[nxt])
-        if low[node] == index[node]:
-            component = set()
-            while True:
-                top = stack.pop()
-                component.add(top)
-                if top == node:
-                    break
-            found.append(component)
-
-    for node in list(graph):
-        if node not in index:
-            visit(node)
-    return found
-
-
 def _packages(component: set[str]) -> set[str]:
     return {node for node in component if node.count(".") == 1 and (ROOT / node.split(".")[1]).is_dir()}
 
 
 def test_no_import_cycle_between_core_packages() -> None:
-    cycles = [sorted(c) for c in _strongly_connected(_graph()) if len(_packages(c)) > 1]
+    cycles = [sorted(c) for c in strongly_connected(_graph()) if len(_packages(c)) > 1]
     assert cycles == []
 
 
@@ -100,7 +70,7 @@ def test_the_check_sees_a_cycle() -> None:
     """The check itself: two packages importing each other through a module form one component."""
     graph = {"loader._sharded": {"loader._pipeline"}, "loader._pipeline": {"loader._hooks"},
              "loader._hooks": {"loader._sharded"}}
-    assert [sorted(c) for c in _strongly_connected(graph) if len(_packages(c)) > 1] == [
+    assert [sorted(c) for c in strongly_connected(graph) if len(_packages(c)) > 1] == [
         ["loader._hooks", "loader._pipeline", "loader._sharded"]]
 
 

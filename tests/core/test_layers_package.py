@@ -2,28 +2,19 @@
 
 from __future__ import annotations
 
-import ast
 import importlib
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 import loader.layers as layers
+from tests.helpers.lazy_packages import typed_homes
 
 
 def _typed_homes() -> dict[str, str]:
-    """Name -> submodule, as the ``if TYPE_CHECKING:`` imports of ``loader/layers/__init__.py`` state it."""
-    tree = ast.parse(Path(layers.__file__).read_text())
-    homes: dict[str, str] = {}
-    for node in tree.body:
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
-            for stmt in node.body:
-                assert isinstance(stmt, ast.ImportFrom) and stmt.level == 1 and stmt.module, ast.unparse(stmt)
-                homes.update({alias.name: stmt.module for alias in stmt.names})
-    return homes
+    return typed_homes(layers)
 
 
 def test_exports_are_exactly_what_the_type_checker_sees() -> None:

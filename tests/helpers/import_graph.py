@@ -18,7 +18,7 @@ from pathlib import Path
 
 import attrs
 
-__all__ = ["ImportEdge", "ImportGraph", "build_import_graph", "package_roots"]
+__all__ = ["ImportEdge", "ImportGraph", "build_import_graph", "package_roots", "strongly_connected"]
 
 
 @attrs.frozen
@@ -43,7 +43,7 @@ class ImportGraph:
         targets: dict[str, set[str]] = {name: set() for name in self.modules}
         for edge in self.edges:
             targets[edge.importer].add(edge.imported)
-        return sorted(sorted(c) for c in _strongly_connected(targets) if len(c) > 1)
+        return sorted(sorted(c) for c in strongly_connected(targets) if len(c) > 1)
 
     def function_level(self) -> list[ImportEdge]:
         """The first-party imports made inside functions."""
@@ -124,8 +124,8 @@ def _known_prefix(dotted: str, modules: Mapping[str, Path]) -> str | None:
     return dotted or None
 
 
-def _strongly_connected(targets: Mapping[str, set[str]]) -> list[set[str]]:
-    """Tarjan's components, iteratively (a deep package would overflow the recursion limit)."""
+def strongly_connected(targets: Mapping[str, set[str]]) -> list[set[str]]:
+    """Tarjan's components of ``targets`` (node -> the nodes it points at), iteratively."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
