@@ -78,6 +78,7 @@ def test_dir_lists_the_lazy_names_before_they_are_read(lazy_package) -> None:
     assert names == sorted(names)
 
 
+@pytest.mark.needs_plugins
 def test_the_packages_that_use_it_stay_light() -> None:
     """``import loader`` and the lazy plugin packages pull in neither torch nor their lazy submodules."""
     packages = ["loader", "loader.layers", "loader_plugin_bnb", "loader_plugin_marlin", "loader_plugin_runai",

@@ -49,6 +49,7 @@ def test_the_scan_covers_every_plugin_and_the_fixture() -> None:
             "loader_plugin_template", "loader_plugin_scaled_llama"} <= packages
 
 
+@pytest.mark.needs_plugins
 @pytest.mark.parametrize("path", PLUGIN_SOURCES, ids=lambda p: str(p.relative_to(REPO)))
 def test_plugins_import_only_the_public_api(path: Path) -> None:
     found = private_imports(path.read_text(encoding="utf-8"), str(path.relative_to(REPO)))
@@ -136,6 +137,7 @@ def _plugin_package(root: Path, name: str, files: dict[str, str]) -> Path:
     return package
 
 
+@pytest.mark.needs_plugins
 def test_a_plugin_importing_another_plugins_internals_is_reported(tmp_path: Path) -> None:
     plugin = _plugin_package(tmp_path, "loader_plugin_sneaky", {"__init__.py": "", "model.py": """\
         import loader_plugin_llama
@@ -190,6 +192,7 @@ DECLARING_PLUGINS = sorted(p for p in {p.parts[p.parts.index("src") + 1] for p i
                            if plugin_public_names(p))
 
 
+@pytest.mark.needs_plugins
 @pytest.mark.parametrize("package", DECLARING_PLUGINS)
 def test_every_name_a_plugin_declares_exists(package: str) -> None:
     declared = plugin_public_names(package)
@@ -199,6 +202,7 @@ def test_every_name_a_plugin_declares_exists(package: str) -> None:
     assert not missing, f"{package} declares {missing} in __all__ but does not define them"
 
 
+@pytest.mark.needs_plugins
 def test_the_plugins_that_build_on_llama_use_its_declared_surface() -> None:
     """Mistral, Qwen and the docs' example import Llama's names from the package, and every one is declared."""
     assert "loader_plugin_llama" in DECLARING_PLUGINS

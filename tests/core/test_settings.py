@@ -149,6 +149,7 @@ def llama(tmp_path: Path) -> Path:
     return tmp_path / "llama"
 
 
+@pytest.mark.needs_plugins
 @pytest.mark.parametrize(("name", "value", "expected"), [
     ("LOADER_READ_THREADS", "many", "a whole number of threads (at least 1)"),
     ("LOADER_READ_THREADS", "0", "a whole number of threads (at least 1)"),
@@ -165,6 +166,7 @@ def test_a_load_with_a_bad_value_that_used_to_be_ignored_now_fails(
     assert str(info.value) == f"{name}={value!r}: expected {expected}"
 
 
+@pytest.mark.needs_plugins
 def test_the_cli_prints_the_setting_error_on_one_line(
         llama: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("LOADER_READ_THREADS", "many")
@@ -174,6 +176,7 @@ def test_the_cli_prints_the_setting_error_on_one_line(
     assert err == "error: LOADER_READ_THREADS='many': expected a whole number of threads (at least 1)\n"
 
 
+@pytest.mark.needs_plugins
 def test_good_values_still_load(llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOADER_READ_THREADS", " 2 ")
     monkeypatch.setenv("LOADER_MAP_MIN_BYTES", "4096")
