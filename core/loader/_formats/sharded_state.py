@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from .._session import current_session
-from .._sharded.reader import iter_part_files
 from .._sharded_layout import MARKER, rank_files, read_layout
 from ..checkpoint import Source, WeightFormat
 from ..errors import SourceNotFoundError
@@ -51,5 +50,6 @@ def loader_iter_weights(weight_format: WeightFormat, stats: ReadStats
                         ) -> Iterator[tuple[str, CheckpointTensor]] | None:
     if weight_format.name != SHARDED_STATE:
         return None
+    from .._sharded.reader import iter_part_files  # a sharded load only: every other load leaves it out
 
     return iter_part_files(weight_format.files, stats)
