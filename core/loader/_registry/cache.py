@@ -20,14 +20,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import re
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import attrs
 
+from .._atomic_file import replaced_atomically
 from .._cache_root import cache_root
 from .capabilities import ModelInfo, ModelInfoError
 from .entry import RegisteredModel
@@ -99,21 +98,12 @@ class ProbeCache:
         digests = {p: digest for p in sorted(set(packages)) if (digest := fingerprint(p)) is not None}
         payload = {"format": CACHE_FORMAT, "key": key, "architecture": entry.architecture,
                    "class_path": entry.class_path, "packages": digests, "info": info.to_json()}
-        tmp: str | None = None
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{path.stem}.", suffix=".tmp")
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            with replaced_atomically(path, mode="w", prefix=f".{path.stem}.") as handle:
                 json.dump(payload, handle, indent=1, sort_keys=True)
-            os.replace(tmp, path)
-            tmp = None
             self._prune(entry, keep=path)
         except OSError as exc:
             log.debug("cannot write model-info cache file %s: %s", path, exc)
-        finally:
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
 
     def _prune(self, entry: RegisteredModel, keep: Path) -> None:
         """Remove ``entry``'s architecture's other entries: written under keys that no longer apply."""

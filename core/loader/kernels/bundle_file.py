@@ -18,13 +18,14 @@ import json
 import mmap
 import os
 import struct
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from .._atomic_file import replaced_atomically
 
 __all__ = ["ALIGN", "Built", "prune", "read_bundle", "touch", "write_bundle"]
 
@@ -131,39 +132,15 @@ def write_bundle(path: Path, magic: bytes, identity: Mapping[str, Any], units: M
         entries_of[key] = entries
     index = json.dumps({**identity, "units": entries_of, "data_bytes": _aligned(at) if tensors else 0},
                        sort_keys=True).encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temp = tempfile.mkstemp(dir=path.parent, prefix=f"{path.stem}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "wb") as fh:
-            fh.write(_HEADER.pack(magic, len(index)) + index)
-            fh.write(bytes(_aligned(_HEADER.size + len(index)) - _HEADER.size - len(index)))
-            written = 0
-            for flat in tensors:
-                fh.write(bytes(_aligned(written) - written))
-                fh.write(flat.numpy().data)
-                written = _aligned(written) + flat.numel()
+    with replaced_atomically(path, prefix=f"{path.stem}.", durable=True) as fh:
+        fh.write(_HEADER.pack(magic, len(index)) + index)
+        fh.write(bytes(_aligned(_HEADER.size + len(index)) - _HEADER.size - len(index)))
+        written = 0
+        for flat in tensors:
             fh.write(bytes(_aligned(written) - written))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-    _fsync_folder(path.parent)
-
-
-def _fsync_folder(folder: Path) -> None:
-    """Make the rename itself durable (a no-op where folders cannot be opened)."""
-    try:
-        descriptor = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
+            fh.write(flat.numpy().data)
+            written = _aligned(written) + flat.numel()
+        fh.write(bytes(_aligned(written) - written))
 
 
 def touch(path: Path) -> None:
