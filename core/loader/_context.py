@@ -24,9 +24,11 @@ class ModelContext:
     model plugin parses it into its own typed config. ``quant_config`` is
     handed to each layer so a quantization plugin can choose its parameters.
     The rank and size to build for are the load session's
-    (:func:`loader._session.current_session`).
+    (:func:`loader._session.current_session`). ``trust_remote_code`` is the
+    user's consent to run the checkpoint's own modeling code (``auto_map``).
     """
 
     hf_config: Mapping[str, Any]
     dtype: torch.dtype
     quant_config: QuantizationConfig | None = None
+    trust_remote_code: bool = False

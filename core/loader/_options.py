@@ -78,6 +78,12 @@ class LoadOptions:
     """The Hub revision (branch, tag or commit) of a Hub id."""
     model_impl: str = "auto"
     """One of :data:`MODEL_IMPLS`."""
+    enable_expert_parallel: bool = False
+    """Place whole experts of a mixture-of-experts layer on ranks (expert parallel size = tensor parallel size)
+    instead of splitting every expert's intermediate dimension (vLLM's ``--enable-expert-parallel``)."""
+    trust_remote_code: bool = False
+    """Whether a checkpoint's own modeling code (``auto_map`` in ``config.json``) may run, as in vLLM and
+    ``transformers``; without it such a checkpoint is refused before any of its files runs."""
     quantization_options: Mapping[str, Any] = attrs.field(factory=dict, converter=_options_dict, hash=False)
     """The user's options for the quantization method (``load_model(quantization_options=...)``,
     ``--quantization-option KEY=VALUE``); empty when none were given. The method's plugin checks them."""

@@ -39,6 +39,8 @@ class LoadSession:
     ``host`` is ``None`` for the process-wide plugin host (built on first use;
     :func:`loader._plugins.current_plugin_host` resolves it). ``dtype`` is the dtype parameters are created in,
     ``device`` the device the model is loaded for (it is built on ``meta`` first).
+    ``enable_expert_parallel`` places whole experts on ranks (expert parallel size = ``tp_size``) instead of
+    splitting each expert's intermediate dimension.
     """
 
     host: PluginHost | None
@@ -46,6 +48,7 @@ class LoadSession:
     tp_size: int
     dtype: torch.dtype
     device: torch.device
+    enable_expert_parallel: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.tp_size < 1 or not 0 <= self.tp_rank < self.tp_size:

@@ -77,7 +77,8 @@ def run_inspect(args: argparse.Namespace) -> int:
     info = inspect_source(args.source, args.load_format, args.revision, args.model_impl)
     if args.layers:
         plan = plan_layers(args.source, device=args.device, load_format=args.load_format,
-                           quantization=args.quantization, revision=args.revision, model_impl=args.model_impl)
+                           quantization=args.quantization, revision=args.revision, model_impl=args.model_impl,
+                           trust_remote_code=args.trust_remote_code)
         info["layers"] = plan["layers"]
         info["layers_device"] = args.device
     if args.json:

@@ -36,6 +36,7 @@ def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         args.source, dtype=args.dtype, device=args.device, load_format=args.load_format,
         quantization=args.quantization, revision=args.revision, model_impl=args.model_impl,
         format_options=parse_format_options(args.format_options),
+        enable_expert_parallel=args.enable_expert_parallel, trust_remote_code=args.trust_remote_code,
         progress=sys.stderr.isatty() and not args.json,
     )
 

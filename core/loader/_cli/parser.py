@@ -85,6 +85,13 @@ def _add_model_impl(p: argparse.ArgumentParser) -> None:
                         "fallback) or transformers (always the fallback), as vLLM's --model-impl")
 
 
+def _add_trust_remote_code(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="let a checkpoint that ships its own modeling code (auto_map in config.json) run it, as "
+                        "in vLLM and transformers; without it such a checkpoint is refused and none of its files "
+                        "runs")
+
+
 def _add_load_args(p: argparse.ArgumentParser, source_text: str) -> None:
     _add_source(p, source_text)
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
@@ -99,6 +106,11 @@ def _add_load_args(p: argparse.ArgumentParser, source_text: str) -> None:
                    help="an option for the format plugin (repeatable), e.g. concurrency=16 for runai_streamer; "
                         "dequantize=true, kernel_dtype=float32 or packed_cache=false for gguf")
     _add_model_impl(p)
+    _add_trust_remote_code(p)
+    p.add_argument("--enable-expert-parallel", action="store_true",
+                   help="with tensor parallelism: place whole experts of a mixture-of-experts model on ranks "
+                        "(expert parallel size = tensor parallel size) instead of splitting every expert, as "
+                        "vLLM's --enable-expert-parallel")
     _add_json(p)
 
 
@@ -118,6 +130,7 @@ def build_parser(source_text: str | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="describe a checkpoint without loading it")
     _add_source(p, source_text)
     _add_model_impl(p)
+    _add_trust_remote_code(p)
     p.add_argument("--layers", action="store_true",
                    help="also build the model on the meta device (no weights read) and show the kernel each "
                         "layer's quantization would choose, with the reason for each fallback")

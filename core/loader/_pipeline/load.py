@@ -153,7 +153,7 @@ def build_options(
     *, dtype: Any = None, device: str | torch.device = "cpu", load_format: str = "auto",
     quantization: str | None = None, revision: str | None = None,
     quantization_options: Mapping[str, Any] | None = None, format_options: Mapping[str, Any] | None = None,
-    model_impl: str = "auto",
+    model_impl: str = "auto", enable_expert_parallel: bool = False, trust_remote_code: bool = False,
 ) -> LoadOptions:
     """Validate user arguments into :class:`LoadOptions` (dtype ``"auto"`` and ``None`` are resolved later)."""
     model_impl = check_model_impl(model_impl)
@@ -170,7 +170,16 @@ def build_options(
         dtype=parsed, device=resolved_device, load_format=load_format, quantization=quantization,
         revision=revision, model_impl=model_impl, quantization_options=quantization_options,
         format_options=format_options, dtype_auto=isinstance(dtype, str) and dtype == "auto",
+        enable_expert_parallel=_flag("enable_expert_parallel", enable_expert_parallel),
+        trust_remote_code=_flag("trust_remote_code", trust_remote_code),
     )
+
+
+def _flag(name: str, value: Any) -> bool:
+    """A boolean argument of :func:`load_model`; anything else (``"yes"``, ``1``) is refused by name."""
+    if isinstance(value, bool):
+        return value
+    raise UnsupportedError(f"{name} must be True or False, found {value!r}")
 
 
 def _counting(
@@ -202,7 +211,8 @@ def _build(prepared: PreparedCheckpoint, options: LoadOptions, dtype: torch.dtyp
             quant_config.set_packed_modules(inspect_model_class(arch, cls).packed_modules())
         except ModelInfoError as exc:
             raise PluginError(f"model class for {arch}: {exc}") from exc
-    ctx = ModelContext(hf_config=prepared.hf_config, dtype=dtype, quant_config=quant_config)
+    ctx = ModelContext(hf_config=prepared.hf_config, dtype=dtype, quant_config=quant_config,
+                       trust_remote_code=options.trust_remote_code)
     try:
         with factory_dtype(dtype), torch.device("meta"):
             model = cls(ctx)
@@ -246,15 +256,18 @@ def load_model_with_report(
     quantization: str | None = None, revision: str | None = None,
     quantization_options: Mapping[str, Any] | None = None, format_options: Mapping[str, Any] | None = None,
     progress: bool = False, host: PluginHost | None = None, model_impl: str = "auto",
+    enable_expert_parallel: bool = False, trust_remote_code: bool = False,
 ) -> tuple[nn.Module, LoadReport]:
     """Load ``source`` and return the model with a :class:`LoadReport`."""
     start = time.perf_counter()
     options = build_options(dtype=dtype, device=device, load_format=load_format, quantization=quantization,
                             revision=revision, quantization_options=quantization_options,
-                            format_options=format_options, model_impl=model_impl)
+                            format_options=format_options, model_impl=model_impl,
+                            enable_expert_parallel=enable_expert_parallel, trust_remote_code=trust_remote_code)
     outer = current_session()  # a simulated rank (save-sharded, tests) carries over
     session = LoadSession(host=host if host is not None else outer.host, tp_rank=outer.tp_rank,
-                          tp_size=outer.tp_size, dtype=options.dtype, device=options.device)
+                          tp_size=outer.tp_size, dtype=options.dtype, device=options.device,
+                          enable_expert_parallel=options.enable_expert_parallel)
     with _collector_paused(), load_session(session):
         return _load(source, options, dtype, progress, start, session.host)
 
@@ -341,6 +354,7 @@ def load_model(
     quantization: str | None = None, *, revision: str | None = None,
     quantization_options: Mapping[str, Any] | None = None, format_options: Mapping[str, Any] | None = None,
     progress: bool = False, host: PluginHost | None = None, model_impl: str = "auto",
+    enable_expert_parallel: bool = False, trust_remote_code: bool = False,
 ) -> nn.Module:
     """Load a checkpoint into a ready ``torch.nn.Module``.
 
@@ -360,6 +374,11 @@ def load_model(
         weights (the Run:ai streamer's ``concurrency``, ``memory_limit``, ``chunk_bytesize``).
     :param model_impl: ``"auto"`` (a plugin's native class, else the installed
         fallback), ``"native"`` or ``"transformers"`` (force the fallback), as vLLM's ``--model-impl``.
+    :param enable_expert_parallel: under tensor parallelism, place whole experts of a mixture-of-experts
+        model on ranks (expert parallel size = tensor parallel size; attention stays split by heads)
+        instead of splitting every expert's intermediate dimension, as vLLM's ``--enable-expert-parallel``.
+    :param trust_remote_code: allow a checkpoint that ships its own modeling code (``auto_map``) to run it,
+        as in vLLM and ``transformers``; without it such a checkpoint is refused and none of its files runs.
     :returns: the model in eval mode; ``model(input_ids)`` gives logits.
     :raises loader.LoadError: for any problem with the input; nothing half-loaded is returned.
     """
@@ -367,5 +386,6 @@ def load_model(
         source, dtype=dtype, device=device, load_format=load_format, quantization=quantization,
         revision=revision, quantization_options=quantization_options, format_options=format_options,
         progress=progress, host=host, model_impl=model_impl,
+        enable_expert_parallel=enable_expert_parallel, trust_remote_code=trust_remote_code,
     )
     return model

@@ -29,14 +29,17 @@ def plan_layers(
     source: str, *, dtype: Any = None, device: str = "cpu", load_format: str = "auto",
     quantization: str | None = None, quantization_options: Mapping[str, Any] | None = None,
     revision: str | None = None, model_impl: str = "auto", host: PluginHost | None = None,
+    enable_expert_parallel: bool = False, trust_remote_code: bool = False,
 ) -> dict[str, Any]:
     """``{"quantization": describe() or None, "layers": {prefix: record or None}}`` for every layer that has a
     quantize method (every parallel linear; a quantized head), built for one rank on ``meta``."""
     options = build_options(dtype=dtype, device=device, load_format=load_format, quantization=quantization,
-                            revision=revision, quantization_options=quantization_options, model_impl=model_impl)
+                            revision=revision, quantization_options=quantization_options, model_impl=model_impl,
+                            enable_expert_parallel=enable_expert_parallel, trust_remote_code=trust_remote_code)
     outer = current_session()
     session = LoadSession(host=host if host is not None else outer.host, tp_rank=outer.tp_rank,
-                          tp_size=outer.tp_size, dtype=options.dtype, device=options.device)
+                          tp_size=outer.tp_size, dtype=options.dtype, device=options.device,
+                          enable_expert_parallel=options.enable_expert_parallel)
     with load_session(session):
         prepared = prepare_checkpoint(source, options, session.host)
         options = resolve_options(prepared, options, dtype)
