@@ -96,8 +96,9 @@ def check_torchrun_environment(environ: Mapping[str, str], world: int) -> None:
 
 
 @contextmanager
-def simulated_tp(rank: int, size: int) -> Iterator[None]:
-    """Run the block in a load session that is rank ``rank`` of ``size``.
+def simulated_tp(rank: int, size: int, *, expert_parallel: bool = False) -> Iterator[None]:
+    """Run the block in a load session that is rank ``rank`` of ``size`` (placing whole experts on ranks when
+    ``expert_parallel``).
 
     Only the session's rank and size change: collectives still run over the
     real group (none in a single process, so they stay no-ops). Layers read
@@ -106,7 +107,8 @@ def simulated_tp(rank: int, size: int) -> Iterator[None]:
     """
     if size < 1 or not 0 <= rank < size:
         raise ValueError(f"simulated rank {rank} is outside a tensor parallel group of size {size}")
-    with load_session(attrs.evolve(current_session(), tp_rank=rank, tp_size=size)):
+    with load_session(attrs.evolve(current_session(), tp_rank=rank, tp_size=size,
+                                   enable_expert_parallel=expert_parallel)):
         yield
 
 

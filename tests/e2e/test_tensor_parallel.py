@@ -30,6 +30,12 @@ CASES = {
     "one-kv-head": ("llama", {"num_key_value_heads": 1}),
     "mistral-native": ("mistral", {"sliding_window": 4}),
     "three-heads": ("llama", {"hidden_size": 48, "num_attention_heads": 3, "num_key_value_heads": 1}),
+    # mixture-of-experts: experts sliced on every rank, or (::ep) whole experts per rank; 3 experts split 2 + 1
+    "mixtral": ("mixtral", {}),
+    "mixtral::ep": ("mixtral", {}),
+    "qwen2-moe::ep": ("qwen2_moe", {}),
+    "qwen3-moe": ("qwen3_moe", {}),
+    "qwen3-moe-3-experts::ep": ("qwen3_moe", {"num_local_experts": 3}),
 }
 
 
@@ -38,11 +44,15 @@ def tp_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("tp")
     paths = {}
     for case, (family, overrides) in CASES.items():
-        paths[case] = root / case
+        folder, _, mode = case.partition("::")  # "::ep": a checkpoint loaded with expert parallelism
+        target = root / folder
+        paths[case] = Path(f"{target}::{mode}") if mode else target
+        if target.exists():
+            continue  # the same checkpoint as its tensor-parallel case
         if case == "mistral-native":  # params.json + consolidated.safetensors, q/k rows interleaved
-            save_native_checkpoint(build_model(family, tiny_config(family, **overrides)), paths[case])
+            save_native_checkpoint(build_model(family, tiny_config(family, **overrides)), target)
         else:
-            write_family_checkpoint(family, paths[case], **overrides)
+            write_family_checkpoint(family, target, **overrides)
     out = root / "out"
     out.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
@@ -56,12 +66,13 @@ def tp_run(tmp_path_factory):
 
 
 def _single_process_logits(path: Path) -> torch.Tensor:
-    model = load(path)
+    model = load(Path(str(path).partition("::")[0]))
     with torch.no_grad():
         return model(random_ids(model.config.vocab_size))
 
 
-@pytest.mark.parametrize("case", ["llama", "qwen2", "one-kv-head", "mistral-native"])
+@pytest.mark.parametrize("case", ["llama", "qwen2", "one-kv-head", "mistral-native", "mixtral", "mixtral::ep",
+                                  "qwen2-moe::ep", "qwen3-moe", "qwen3-moe-3-experts::ep"])
 def test_every_rank_gives_the_single_process_logits(tp_run, case):
     paths, ranks = tp_run
     expected = _single_process_logits(paths[case])
@@ -75,7 +86,7 @@ def test_every_rank_gives_the_single_process_logits(tp_run, case):
         assert error <= 1e-5, f"rank {rank}: relative error {error:.3g}"
 
 
-@pytest.mark.parametrize("case", ["llama", "mistral-native"])
+@pytest.mark.parametrize("case", ["llama", "mistral-native", "mixtral", "mixtral::ep"])
 def test_each_rank_reads_about_half_of_the_checkpoint(tp_run, case):
     """The native layout's rotary row permutation must not make a rank read other ranks' heads."""
     paths, ranks = tp_run

@@ -35,12 +35,34 @@ FAMILIES: dict[str, dict[str, Any]] = {
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
         max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
     ),
+    # mixture-of-experts: 4 experts of 32, 2 chosen; per-expert tensors on disk, as transformers writes them
+    "mixtral": dict(
+        architectures=["MixtralForCausalLM"], vocab_size=256, hidden_size=64, intermediate_size=32,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, sliding_window=None,
+        num_local_experts=4, num_experts_per_tok=2,
+    ),
+    "qwen2_moe": dict(
+        architectures=["Qwen2MoeForCausalLM"], vocab_size=256, hidden_size=64, intermediate_size=96,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False, use_sliding_window=False,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+        norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[1],
+    ),
+    "qwen3_moe": dict(
+        architectures=["Qwen3MoeForCausalLM"], vocab_size=256, hidden_size=64, intermediate_size=96,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+    ),
 }
 
 _CONFIG_CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
-                   "qwen3": "Qwen3Config"}
+                   "qwen3": "Qwen3Config", "mixtral": "MixtralConfig", "qwen2_moe": "Qwen2MoeConfig",
+                   "qwen3_moe": "Qwen3MoeConfig"}
 _MODEL_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM",
+                  "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 
 def tiny_config(family: str, **overrides: Any) -> Any:
@@ -64,6 +86,8 @@ def build_model(family: str, config: Any = None, *, seed: int = 0, dtype: torch.
                 param.copy_(1.0 + 0.1 * torch.randn_like(param))
             elif name.endswith(".bias"):
                 param.copy_(0.1 * torch.randn_like(param))
+            elif name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):
+                param.copy_(torch.randn_like(param))  # routers start at zero: every expert would tie
     return model.to(dtype).eval()
 
 

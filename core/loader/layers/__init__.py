@@ -19,14 +19,22 @@ if TYPE_CHECKING:
     from .activation import SiluAndMul
     from .attention import Attention, KVCache
     from .default_loader import default_weight_loader
+    from .expert_placement import ExpertPlacement, place_experts
+    from .fused_moe import ExpertNames, ExpertTarget, FusedMoE
     from .layernorm import RMSNorm
     from .linear import (
         ColumnParallelLinear,
         LinearBase,
         MergedColumnParallelLinear,
         QKVParallelLinear,
+        ReplicatedLinear,
         RowParallelLinear,
     )
+    from .moe_block import GatedMLP, SparseMoeBlock
+    from .moe_dispatch import ExpertForward, run_chosen_experts
+    from .moe_method import ExpertsShape, FusedMoEMethodBase, UnquantizedFusedMoEMethod
+    from .moe_router import TopKRouting, select_experts
+    from .moe_settings import MoESettings
     from .param_layout import ParamLayout, PartLoader, layout_of, param_shape, set_param_layout, weight_loader_of
     from .quantization import (
         EmbeddingMethodBase,
@@ -47,11 +55,20 @@ __all__ = [
     "ColumnParallelLinear",
     "EmbeddingMethodBase",
     "EmbeddingShape",
+    "ExpertForward",
+    "ExpertNames",
+    "ExpertPlacement",
+    "ExpertTarget",
+    "ExpertsShape",
+    "FusedMoE",
+    "FusedMoEMethodBase",
+    "GatedMLP",
     "KVCache",
     "LinearBase",
     "LinearMethodBase",
     "LinearShape",
     "MergedColumnParallelLinear",
+    "MoESettings",
     "NarrowedPart",
     "OutputPart",
     "ParallelLMHead",
@@ -62,10 +79,14 @@ __all__ = [
     "QuantizeMethodBase",
     "RMSNorm",
     "ROPE_SCALING_FIELDS",
+    "ReplicatedLinear",
     "RotaryEmbedding",
     "RowParallelLinear",
     "ShardId",
     "SiluAndMul",
+    "SparseMoeBlock",
+    "TopKRouting",
+    "UnquantizedFusedMoEMethod",
     "UnquantizedLinearMethod",
     "VocabParallelEmbedding",
     "WeightLoader",
@@ -73,6 +94,9 @@ __all__ = [
     "get_rope",
     "layout_of",
     "param_shape",
+    "place_experts",
+    "run_chosen_experts",
+    "select_experts",
     "set_param_layout",
     "weight_loader_of",
 ]
@@ -110,4 +134,20 @@ __getattr__, __dir__ = lazy_exports(__name__, globals(), {
     "ShardId": ".shard_loading",
     "ParallelLMHead": ".vocab_embedding",
     "VocabParallelEmbedding": ".vocab_embedding",
+    "ExpertPlacement": ".expert_placement",
+    "place_experts": ".expert_placement",
+    "ExpertNames": ".fused_moe",
+    "ExpertTarget": ".fused_moe",
+    "FusedMoE": ".fused_moe",
+    "GatedMLP": ".moe_block",
+    "MoESettings": ".moe_settings",
+    "SparseMoeBlock": ".moe_block",
+    "ExpertForward": ".moe_dispatch",
+    "run_chosen_experts": ".moe_dispatch",
+    "ExpertsShape": ".moe_method",
+    "FusedMoEMethodBase": ".moe_method",
+    "UnquantizedFusedMoEMethod": ".moe_method",
+    "TopKRouting": ".moe_router",
+    "select_experts": ".moe_router",
+    "ReplicatedLinear": ".linear",
 })

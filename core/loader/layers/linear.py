@@ -41,6 +41,7 @@ __all__ = [
     "MergedColumnParallelLinear",
     "OutputPart",
     "QKVParallelLinear",
+    "ReplicatedLinear",
     "RowParallelLinear",
     "ShardId",
 ]
@@ -106,6 +107,37 @@ class LinearBase(ShardedWeightLoading, nn.Module):
             f"in_features={self.input_size}, out_features={self.output_size}, "
             f"tp_rank={self.tp_rank}, tp_size={self.tp_size}, bias={self.bias is not None}"
         )
+
+
+class ReplicatedLinear(LinearBase):
+    """``y = x W^T + b`` with the whole weight on every rank (a MoE router, Qwen2-MoE's shared-expert gate).
+
+    Small layers whose output every rank needs in full: splitting them would
+    cost a gather for a few hundred columns.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        *,
+        bias: bool = False,
+        params_dtype: torch.dtype | None = None,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
+        super().__init__(
+            input_size, output_size, params_dtype=params_dtype, quant_config=quant_config, prefix=prefix
+        )
+        self._create_weights(input_size, [output_size], output_size if bias else None)
+
+    def _output_part(self, shard_id: ShardId) -> OutputPart:
+        if shard_id is not None:
+            raise ValueError(f"ReplicatedLinear {self.prefix!r} has no shard {shard_id!r}")
+        return OutputPart(0, self.output_size, 0, self.output_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.quant_method.apply(self, x, self.bias)
 
 
 class ColumnParallelLinear(LinearBase):

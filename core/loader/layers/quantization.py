@@ -48,6 +48,7 @@ __all__ = [
     "WeightLoader",
     "embedding_method_for",
     "linear_method_for",
+    "method_name_of", "quant_method_asked",
 ]
 
 _PACKED_MODULES = "_loader_packed_modules"
@@ -335,14 +336,14 @@ class UnquantizedLinearMethod(LinearMethodBase):
         return F.linear(x, cast(torch.Tensor, layer.weight), bias)
 
 
-def _method_name(quant_config: QuantizationConfig | None) -> str:
+def method_name_of(quant_config: QuantizationConfig | None) -> str:
+    """How messages name the quantization (``"none"`` without one)."""
     return (quant_config.name or type(quant_config).__name__) if quant_config is not None else "none"
 
 
-def _asked_method(quant_config: QuantizationConfig | None, layer: nn.Module,
-                  prefix: str) -> QuantizeMethodBase | None:
-    """The config's answer for ``layer`` (``None``: no config, or the config skips it); its bugs become a
-    :class:`~loader.errors.PluginError` naming the quantization."""
+def quant_method_asked(quant_config: QuantizationConfig | None, layer: nn.Module,
+                       prefix: str) -> QuantizeMethodBase | None:
+    """The config's answer for ``layer`` (``None``: none, or skipped); its bugs are a named ``PluginError``."""
     if quant_config is None or quant_config.skip(prefix):
         return None
     try:
@@ -350,7 +351,7 @@ def _asked_method(quant_config: QuantizationConfig | None, layer: nn.Module,
     except LoadError:
         raise
     except Exception as exc:
-        raise PluginError(f"quantization {_method_name(quant_config)!r} failed in get_quant_method: "
+        raise PluginError(f"quantization {method_name_of(quant_config)!r} failed in get_quant_method: "
                           f"{type(exc).__name__}: {exc}") from exc
 
 
@@ -363,10 +364,10 @@ def linear_method_for(
     or a method that is not a linear one) becomes a :class:`~loader.errors.PluginError`
     naming the quantization, not the model being built.
     """
-    method = _asked_method(quant_config, layer, prefix)
+    method = quant_method_asked(quant_config, layer, prefix)
     if method is None:
         return UnquantizedLinearMethod()
-    method_name = _method_name(quant_config)
+    method_name = method_name_of(quant_config)
     if not isinstance(method, LinearMethodBase):
         raise PluginError(
             f"quantization {method_name!r} gave {type(method).__name__} for the linear layer {prefix!r}; "
@@ -386,10 +387,10 @@ def embedding_method_for(
     they did. Any other answer is a plugin bug, reported as a
     :class:`~loader.errors.PluginError` naming the quantization.
     """
-    method = _asked_method(quant_config, layer, prefix)
+    method = quant_method_asked(quant_config, layer, prefix)
     if method is None or isinstance(method, LinearMethodBase):
         return None
-    method_name = _method_name(quant_config)
+    method_name = method_name_of(quant_config)
     if not isinstance(method, EmbeddingMethodBase):
         raise PluginError(
             f"quantization {method_name!r} gave {type(method).__name__} for the embedding {prefix!r}; "

@@ -1,6 +1,7 @@
 """Run under ``torchrun``: load each checkpoint, save this rank's logits and load figures (or its error).
 
-Usage: ``python -m torch.distributed.run --nproc-per-node N tests/e2e/scripts/tp_logits.py OUT CKPT...``.
+Usage: ``python -m torch.distributed.run --nproc-per-node N tests/e2e/scripts/tp_logits.py OUT CKPT...``;
+a checkpoint written ``PATH::ep`` is loaded with ``enable_expert_parallel=True``.
 Writes ``OUT/rank<R>.json`` mapping each checkpoint to ``{"logits": file, "bytes_read": ...,
 "checkpoint_bytes": ...}`` or ``{"error": "Type: message"}``; logits go to ``OUT/<i>-rank<R>.pt``.
 Every rank loads the same checkpoints in the same order, so the collectives of
@@ -26,8 +27,9 @@ def main(out: Path, checkpoints: list[str]) -> None:
     rank = int(os.environ.get("RANK", "0"))
     results: dict[str, dict[str, object]] = {}
     for i, checkpoint in enumerate(checkpoints):
+        path, _, mode = checkpoint.partition("::")
         try:
-            model, report = load_model_with_report(checkpoint, dtype="float32")
+            model, report = load_model_with_report(path, dtype="float32", enable_expert_parallel=mode == "ep")
         except LoadError as exc:
             results[checkpoint] = {"error": f"{type(exc).__name__}: {exc}"}
             continue

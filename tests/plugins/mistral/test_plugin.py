@@ -15,12 +15,13 @@ def test_plugin_is_loaded_with_its_hooks():
     assert record.hooks == ("loader_detect_format", "loader_read_config", "loader_register_architectures")
 
 
-def test_registers_mistral_as_a_lazy_class_path():
+def test_registers_mistral_and_mixtral_as_lazy_class_paths():
     from loader_plugin_mistral import plugin
 
     registered: list[tuple[str, str]] = []
     plugin.loader_register_architectures(lambda arch, target: registered.append((arch, target)))
-    assert registered == [("MistralForCausalLM", "loader_plugin_mistral.model:MistralForCausalLM")]
+    assert registered == [("MistralForCausalLM", "loader_plugin_mistral.model:MistralForCausalLM"),
+                          ("MixtralForCausalLM", "loader_plugin_mistral.model:MixtralForCausalLM")]
 
 
 def test_entry_point_module_does_not_import_torch():

@@ -17,7 +17,7 @@ def test_plugin_is_loaded_with_its_hooks():
     assert record.hooks == ("loader_register_architectures",)
 
 
-def test_registers_both_generations_as_lazy_class_paths():
+def test_registers_both_generations_and_their_moe_models_as_lazy_class_paths():
     from loader_plugin_qwen import plugin
 
     registered: list[tuple[str, str]] = []
@@ -25,6 +25,8 @@ def test_registers_both_generations_as_lazy_class_paths():
     assert registered == [
         ("Qwen2ForCausalLM", "loader_plugin_qwen.model:Qwen2ForCausalLM"),
         ("Qwen3ForCausalLM", "loader_plugin_qwen.model:Qwen3ForCausalLM"),
+        ("Qwen2MoeForCausalLM", "loader_plugin_qwen.model:Qwen2MoeForCausalLM"),
+        ("Qwen3MoeForCausalLM", "loader_plugin_qwen.model:Qwen3MoeForCausalLM"),
     ]
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 
 from loader.errors import ConfigError, UnsupportedError
+from loader.layers import MoESettings
 
 from .config_fields import ConfigFields
 from .rope_settings import RopeSettings, read_rope_settings
@@ -55,6 +56,14 @@ class LlamaConfig:
     o_proj_bias: bool = False
     mlp_bias: bool = False
     sliding_windows: tuple[int | None, ...] = ()
+    moe: MoESettings | None = None
+    """The mixture-of-experts fields (Mixtral, Qwen-MoE); ``None`` for a dense model."""
+    dense_layers: frozenset[int] = frozenset()
+    """With ``moe``: the layers that keep a dense MLP (Qwen-MoE's ``mlp_only_layers`` and ``decoder_sparse_step``)."""
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        """Whether layer ``layer_idx`` has a sparse MoE block instead of the dense MLP."""
+        return self.moe is not None and layer_idx not in self.dense_layers
 
     def sliding_window(self, layer_idx: int) -> int | None:
         """The attention window of layer ``layer_idx`` (``None``: attend to every earlier token)."""

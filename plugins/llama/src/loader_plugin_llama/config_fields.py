@@ -127,3 +127,14 @@ class ConfigFields:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise self.error(field, "a list of strings", value)
         return list(value)
+
+    def integer_list(self, field: str, *, minimum: int = 0, maximum: int = 1 << 24) -> list[int] | None:
+        """A list of integers within ``[minimum, maximum]``, ``None`` when absent or ``null``."""
+        value = self.config.get(field)
+        if value is None:
+            return None
+        expected = f"a list of integers from {minimum} to {maximum}"
+        if not isinstance(value, list) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and minimum <= v <= maximum for v in value):
+            raise self.error(field, expected, value)
+        return list(value)

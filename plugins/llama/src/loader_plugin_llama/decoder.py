@@ -19,12 +19,12 @@ from torch import nn
 
 from loader.layers import (
     Attention,
+    GatedMLP,
     KVCache,
-    MergedColumnParallelLinear,
     QKVParallelLinear,
     RMSNorm,
     RowParallelLinear,
-    SiluAndMul,
+    SparseMoeBlock,
     VocabParallelEmbedding,
     get_rope,
 )
@@ -98,7 +98,7 @@ class LlamaAttention(nn.Module):
         return self.o_proj(out)  # type: ignore[no-any-return]
 
 
-class LlamaMLP(nn.Module):
+class LlamaMLP(GatedMLP):
     """``down(silu(gate(x)) * up(x))`` with gate and up fused in one column-parallel weight."""
 
     def __init__(
@@ -108,24 +108,16 @@ class LlamaMLP(nn.Module):
         params_dtype: torch.dtype,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
+        intermediate_size: int | None = None,
     ) -> None:
-        super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(
-            config.hidden_size, [config.intermediate_size] * 2, bias=config.mlp_bias,
-            params_dtype=params_dtype, quant_config=quant_config, prefix=f"{prefix}.gate_up_proj",
+        super().__init__(
+            config.hidden_size, config.intermediate_size if intermediate_size is None else intermediate_size,
+            bias=config.mlp_bias, params_dtype=params_dtype, quant_config=quant_config, prefix=prefix,
         )
-        self.down_proj = RowParallelLinear(
-            config.intermediate_size, config.hidden_size, bias=config.mlp_bias,
-            params_dtype=params_dtype, quant_config=quant_config, prefix=f"{prefix}.down_proj",
-        )
-        self.act_fn = SiluAndMul()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))  # type: ignore[no-any-return]
 
 
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm residual block: attention, then MLP."""
+    """Pre-norm residual block: attention, then the MLP (a sparse MoE block on the config's MoE layers)."""
 
     def __init__(
         self,
@@ -142,9 +134,12 @@ class LlamaDecoderLayer(nn.Module):
             config, layer_idx, params_dtype=params_dtype, quant_config=quant_config,
             prefix=f"{prefix}.self_attn",
         )
-        self.mlp = LlamaMLP(
-            config, params_dtype=params_dtype, quant_config=quant_config, prefix=f"{prefix}.mlp"
-        )
+        self.mlp: nn.Module
+        if config.moe is not None and config.is_moe_layer(layer_idx):
+            self.mlp = SparseMoeBlock(config.hidden_size, config.moe, params_dtype=params_dtype,
+                                      quant_config=quant_config, prefix=f"{prefix}.mlp")
+        else:
+            self.mlp = LlamaMLP(config, params_dtype=params_dtype, quant_config=quant_config, prefix=f"{prefix}.mlp")
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, params_dtype=params_dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, params_dtype=params_dtype)

@@ -45,7 +45,8 @@ def check_tensor_parallel(config: LlamaConfig, tp: int) -> None:
             f"{what}: num_key_value_heads={kv} and tensor parallel size {tp} do not divide one another "
             "(key/value heads are split when tp divides them, replicated when they divide tp)"
         )
-    if config.intermediate_size % tp:
+    has_dense_mlp = config.moe is None or bool(config.dense_layers)  # experts check their own split
+    if has_dense_mlp and config.intermediate_size % tp:
         raise UnsupportedError(
             f"{what}: intermediate_size={config.intermediate_size} is not divisible by "
             f"tensor parallel size {tp}"

@@ -7,7 +7,10 @@ hands it to the parameter's ``weight_loader`` with the part's shard id (the
 layer narrows it to this rank's rows before anything is read) and returns the
 parameter names it filled — a fused parameter only once *every* part arrived,
 so a checkpoint missing ``k_proj`` is reported rather than loaded with
-garbage rows.
+garbage rows. Expert tensors of a mixture-of-experts model
+(``mlp.experts.7.gate_proj.weight``, or one 3-D tensor of every expert) go to
+their ``FusedMoE`` layer's expert-aware loader first; a layer reports its
+parameters filled only once every local expert's every part arrived.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from loader.errors import MissingWeightsError, UnexpectedWeightError
-from loader.layers import LinearBase, weight_loader_of
+from loader.layers import ExpertNames, FusedMoE, LinearBase, weight_loader_of
 
 if TYPE_CHECKING:
     from torch import nn
@@ -118,9 +121,13 @@ def load_decoder_weights(
     params = dict(model.named_parameters(remove_duplicate=False))
     parts_seen: dict[str, dict[ShardId, str]] = {}
     filled: set[str] = set()
+    experts = {path: module for path, module in model.named_modules() if isinstance(module, FusedMoE)}
+    expert_names = next(iter(experts.values())).names if experts else None
 
     for name, tensor in weights:
         if name in skip_names or name.endswith(NON_PARAMETER_SUFFIXES):
+            continue
+        if expert_names is not None and _load_expert(params, expert_names, name, tensor):
             continue
         target = _stacked_target(name, stacked)
         if target is not None and target[0] in params:
@@ -138,10 +145,24 @@ def load_decoder_weights(
         filled.add(name)
 
     filled |= _fused_params_complete(parts_seen, stacked)
+    for path, layer in experts.items():
+        filled |= {f"{path}.{param}" for param in layer.loaded_parameters()}
     for alias, target_name in (aliases or {}).items():
         if target_name in filled:
             filled.add(alias)
     return filled
+
+
+def _load_expert(params: Mapping[str, nn.Parameter], names: ExpertNames, name: str,
+                 tensor: CheckpointTensor) -> bool:
+    """Hand an expert's tensor to its ``FusedMoE`` loader; ``False`` when ``name`` is no expert's (or the model
+    has no such layer there: a dense layer of a MoE model, reported as unexpected by the caller)."""
+    target = names.target(name)
+    if target is None or target.param_name not in params:
+        return False
+    param = params[target.param_name]
+    weight_loader_of(param)(param, tensor, name, target.shard_id, target.expert_id)
+    return True
 
 
 def _fused_params_complete(parts_seen: Mapping[str, Mapping[ShardId, str]],

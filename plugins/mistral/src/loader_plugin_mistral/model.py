@@ -8,12 +8,20 @@ already renamed and un-interleaved by its format's renaming step
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
+import attrs
+
+from loader.layers import MoESettings
 from loader_plugin_llama import MAX_LAYERS, ConfigFields, LlamaConfig, LlamaForCausalLM, read_decoder_config
 
-__all__ = ["MistralForCausalLM", "parse_mistral_config"]
+if TYPE_CHECKING:
+    from loader.weights import CheckpointTensor
+
+__all__ = ["MistralForCausalLM", "MixtralForCausalLM", "parse_mistral_config", "parse_mixtral_config"]
+
+MAX_EXPERTS = 1 << 16
 
 
 def parse_mistral_config(
@@ -32,3 +40,34 @@ class MistralForCausalLM(LlamaForCausalLM):
     @classmethod
     def parse_config(cls, hf_config: Mapping[str, Any]) -> LlamaConfig:
         return parse_mistral_config(hf_config)
+
+
+def parse_mixtral_config(hf_config: Mapping[str, Any], architecture: str = "MixtralForCausalLM") -> LlamaConfig:
+    """Mixtral: Mistral's decoder with every MLP a sparse MoE block (``num_local_experts`` experts of
+    ``intermediate_size``, ``num_experts_per_tok`` chosen, weights always renormalised)."""
+    config = parse_mistral_config(hf_config, architecture)
+    fields = ConfigFields(hf_config, architecture)
+    experts = fields.integer("num_local_experts", 8, maximum=MAX_EXPERTS)
+    settings = MoESettings(
+        num_experts=experts,
+        top_k=fields.integer("num_experts_per_tok", 2, maximum=experts),
+        intermediate_size=config.intermediate_size,
+        renormalize=True,
+        expert_names=("w1", "w2", "w3"),
+    )
+    return attrs.evolve(config, moe=settings)
+
+
+class MixtralForCausalLM(MistralForCausalLM):
+    """Mixtral 8x7B / 8x22B: each MLP is ``block_sparse_moe`` (router ``gate``, experts ``w1``/``w2``/``w3``)."""
+
+    @classmethod
+    def parse_config(cls, hf_config: Mapping[str, Any]) -> LlamaConfig:
+        return parse_mixtral_config(hf_config)
+
+    def checkpoint_weights(
+        self, weights: Iterable[tuple[str, CheckpointTensor]]
+    ) -> Iterator[tuple[str, CheckpointTensor]]:
+        """``block_sparse_moe`` is the decoder's ``mlp`` (one decoder for dense and sparse families)."""
+        for name, tensor in weights:
+            yield name.replace(".block_sparse_moe.", ".mlp.", 1), tensor

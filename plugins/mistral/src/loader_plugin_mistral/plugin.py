@@ -26,6 +26,7 @@ __all__ = ["loader_detect_format", "loader_read_config", "loader_register_archit
 @hookimpl
 def loader_register_architectures(register: RegisterArchitecture) -> None:
     register("MistralForCausalLM", "loader_plugin_mistral.model:MistralForCausalLM")
+    register("MixtralForCausalLM", "loader_plugin_mistral.model:MixtralForCausalLM")
 
 
 @hookimpl(tryfirst=True)

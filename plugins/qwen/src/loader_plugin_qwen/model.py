@@ -1,10 +1,12 @@
-"""``Qwen2ForCausalLM`` and ``Qwen3ForCausalLM`` on the Llama implementation.
+"""``Qwen2ForCausalLM``, ``Qwen3ForCausalLM`` and their MoE siblings on the Llama implementation.
 
 Qwen2 differs from Llama only in its config (q/k/v biases, windows), so it
 only swaps the parser. Qwen3 adds an RMSNorm over each head of q and of k
 before the rotary embedding: :class:`Qwen3Attention` fills Llama's
 ``normalize_qk`` hook. Parameter names (``self_attn.q_norm.weight``) match
-Hugging Face's, so the Llama weight loading applies unchanged.
+Hugging Face's, so the Llama weight loading applies unchanged. The MoE models
+only read more config: the decoder puts a core ``SparseMoeBlock`` on the
+layers the config makes sparse.
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ import torch
 from loader.layers import RMSNorm
 from loader_plugin_llama import LlamaAttention, LlamaConfig, LlamaForCausalLM
 
-from .config import parse_qwen2_config, parse_qwen3_config
+from .config import parse_qwen2_config, parse_qwen2_moe_config, parse_qwen3_config, parse_qwen3_moe_config
 
 if TYPE_CHECKING:
     from loader.layers import QuantizationConfig
 
-__all__ = ["Qwen2ForCausalLM", "Qwen3Attention", "Qwen3ForCausalLM"]
+__all__ = ["Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3Attention", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
@@ -63,3 +65,19 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
     @classmethod
     def parse_config(cls, hf_config: Mapping[str, Any]) -> LlamaConfig:
         return parse_qwen3_config(hf_config)
+
+
+class Qwen2MoeForCausalLM(Qwen2ForCausalLM):
+    """Qwen1.5-MoE / Qwen2-MoE: top-k experts plus a sigmoid-gated shared expert on the sparse layers."""
+
+    @classmethod
+    def parse_config(cls, hf_config: Mapping[str, Any]) -> LlamaConfig:
+        return parse_qwen2_moe_config(hf_config)
+
+
+class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
+    """Qwen3-MoE: Qwen3's attention, top-k experts (``norm_topk_prob`` renormalises), no shared expert."""
+
+    @classmethod
+    def parse_config(cls, hf_config: Mapping[str, Any]) -> LlamaConfig:
+        return parse_qwen3_moe_config(hf_config)

@@ -15,3 +15,5 @@ __all__ = ["loader_register_architectures"]
 def loader_register_architectures(register: RegisterArchitecture) -> None:
     register("Qwen2ForCausalLM", "loader_plugin_qwen.model:Qwen2ForCausalLM")
     register("Qwen3ForCausalLM", "loader_plugin_qwen.model:Qwen3ForCausalLM")
+    register("Qwen2MoeForCausalLM", "loader_plugin_qwen.model:Qwen2MoeForCausalLM")
+    register("Qwen3MoeForCausalLM", "loader_plugin_qwen.model:Qwen3MoeForCausalLM")
