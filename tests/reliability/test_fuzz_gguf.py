@@ -5,6 +5,10 @@ alignment's value and type) of files written with ``general.alignment`` 32 and 1
 accepted must be laid out as ggml's ``gguf_init`` requires and read, bit for bit, as
 gguf-py's ``GGUFReader`` reads it.
 
+A third harness starts from the seed corpus: llama.cpp's handcrafted files (every
+``HANDCRAFTED_*`` kind of ``tests/test-gguf.cpp``, :mod:`tests.helpers.gguf_reference_files`),
+bytes overwritten and the tail cut; the reader accepts a consistent table or raises.
+
 Each example damages a valid tiny Llama GGUF: extreme values written into its
 counts, lengths, value types, tensor ranks, dims, types and offsets; random
 bytes anywhere in the header; truncation. Then the plugin's header reader, its
@@ -26,9 +30,11 @@ from hypothesis import strategies as st
 from loader.errors import CheckpointFormatError, LoadError
 from loader.weights import ReadStats
 from loader_plugin_gguf.format.config import hf_config
+from loader_plugin_gguf.format.dequantize import is_supported
 from loader_plugin_gguf.format.header import read_header
 from loader_plugin_gguf.format.tensors import GGUFTensor, MappedFile
 from loader_plugin_gguf.format.weight_stream import iter_gguf_weights
+from tests.helpers.gguf_reference_files import Kind, write_handcrafted
 from tests.helpers.malformed_gguf import field_offsets, metadata_value_offset, write_llama_gguf
 from tests.reliability.conftest import FUZZ_PROFILE
 from tests.reliability.fuzz_values import EXTREME_INTS
@@ -80,8 +86,6 @@ def _read_everything(path: Path) -> None:
     config = hf_config(header)
     assert isinstance(config["hidden_size"], int)
     for name, tensor in iter_gguf_weights([str(path)], ReadStats()):
-        if tensor.numel() == 0:
-            continue  # test_zero_length_dimension_reads_as_empty: a known plugin bug, reported
         values = tensor.read()
         assert tuple(values.shape) == tuple(tensor.shape), name
 
@@ -111,14 +115,16 @@ def test_the_fuzz_base_reads_whole(valid) -> None:
     assert struct.unpack_from("<Q", blob, 8)[0] == 2 + 9 * 2 + 1
 
 
-def test_zero_length_dimension_is_refused(valid) -> None:
+def test_zero_length_dimension_moves_the_next_tensor_and_is_refused(valid) -> None:
+    """A zero dimension is valid (ggml reads an empty tensor: test_reference_gguf.py), but zeroing one in a
+    written file leaves the next tensor where the old size put it, which ggml's layout refuses."""
     folder, blob, _, _ = valid
     path = folder / "zero-dim.gguf"
     out = bytearray(blob)
     where = field_offsets(blob, "output_norm.weight")
     out[where.dims:where.dims + 8] = (0).to_bytes(8, "little")
     path.write_bytes(bytes(out))
-    with pytest.raises(CheckpointFormatError, match="tensor 'output_norm.weight' has a zero-length dimension"):
+    with pytest.raises(CheckpointFormatError, match=r"tensor 'output.weight' starts at data offset \d+; ggml requires"):
         dict(iter_gguf_weights([str(path)], ReadStats()))
 
 
@@ -203,6 +209,50 @@ def test_moved_tensor_table_reads_as_gguf_py_or_raises_load_error(tables, data: 
             print("DEBUG", type(e).__name__, str(e)[:150])
             raise
         event("accepted, equal to gguf-py")
+    except LoadError as exc:
+        event(f"refused: {type(exc).__name__}")
+        assert str(path) in str(exc)
+    finally:
+        path.unlink()
+
+
+# -- the seed corpus: llama.cpp's handcrafted files, damaged -----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def handcrafted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[bytes]]:
+    """Every kind of ggml's handcrafted files (seeds 0 and 1), as bytes."""
+    folder = tmp_path_factory.mktemp("fuzz-gguf-handcrafted")
+    return folder, [write_handcrafted(folder / f"{kind.name}-{seed}.gguf", kind, seed).path.read_bytes()
+                    for kind in Kind for seed in (0, 1)]
+
+
+def _read_table(path: Path) -> None:
+    """The header reader's promise: every tensor lies inside the file and reads in its own shape."""
+    header = read_header(path)
+    mapped = MappedFile(path)
+    for info in header.tensors:
+        assert header.data_start <= info.offset and info.offset + info.nbytes <= header.file_size
+        if is_supported(info.ggml_type):
+            assert tuple(GGUFTensor(info, mapped, ReadStats()).read().shape) == info.shape
+
+
+@FUZZ
+@given(st.data())
+def test_damaged_handcrafted_files_read_or_raise_load_error(handcrafted, data: st.DataObject) -> None:
+    folder, seeds = handcrafted
+    out = bytearray(data.draw(st.sampled_from(seeds)))
+    for _ in range(data.draw(st.integers(0, 3))):
+        at = data.draw(st.integers(0, max(len(out) - 1, 0)))
+        value = data.draw(EXTREME_INTS | st.integers(0, 64)) % (1 << 64)
+        out[at:at + 8] = value.to_bytes(8, "little")
+    if data.draw(st.integers(0, 4)) == 0:
+        out = out[: data.draw(st.integers(0, len(out)))]
+    path = folder / f"damaged-{next(_NAMES)}.gguf"
+    path.write_bytes(bytes(out))
+    try:
+        _read_table(path)
+        event("accepted and read")
     except LoadError as exc:
         event(f"refused: {type(exc).__name__}")
         assert str(path) in str(exc)

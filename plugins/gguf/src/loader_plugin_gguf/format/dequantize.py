@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.constants import GGMLQuantizationType
 
 from .kernels_kquants import dequant_q2_k, dequant_q3_k, dequant_q4_k, dequant_q5_k, dequant_q6_k
 from .kernels_legacy import dequant_q4_0, dequant_q4_1, dequant_q5_0, dequant_q5_1, dequant_q8_0
+from .tensor_table import GGML_BLOCK_SIZES
 
 __all__ = [
     "BLOCK_KERNELS",
@@ -50,7 +51,7 @@ def natural_dtype(ggml_type: int) -> torch.dtype:
 
 def block_shape(ggml_type: int) -> tuple[int, int]:
     """``(values per block, bytes per block)``; ``(1, itemsize)`` for float types."""
-    return GGML_QUANT_SIZES[Q(ggml_type)]
+    return GGML_BLOCK_SIZES[ggml_type]
 
 
 def row_bytes(ggml_type: int, values: int) -> int:

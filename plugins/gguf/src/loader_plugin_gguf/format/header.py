@@ -14,6 +14,7 @@ The tensor table is then checked against ggml's layout rules in :mod:`.tensor_ta
 from __future__ import annotations
 
 import functools
+import math
 import mmap
 import os
 import struct
@@ -28,6 +29,7 @@ from gguf.constants import GGUFValueType
 from loader.errors import CheckpointFormatError, UnsupportedError
 from loader.io import u64_prefixed_end
 
+from .metadata_map import GGUFMetadata, UndecodedString
 from .tensor_table import TableEntry, TensorInfo, alignment_of, build_tensor_table
 
 __all__ = ["GGUF_MAGIC", "SUPPORTED_VERSIONS", "GGUFHeader", "GGUFStrings", "TensorInfo", "read_header", "sniff"]
@@ -38,6 +40,8 @@ FIXED_HEADER = 24  # magic, version, tensor count, kv count
 MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, smallest value
 MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # name length, n_dims, type, offset
 MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_NAME_BYTES = 63  # GGML_MAX_NAME - 1: ggml keeps a tensor's name in a 64-byte C string
+MAX_ELEMENTS = 2**63 - 1  # ggml counts a tensor's elements in an int64_t
 # Limits on what a header may make us build, each far above any published model (tens of keys,
 # ~2,000 tensors for the largest MoE split per expert, vocabulary + merges under 1M strings) and
 # each bounding memory and time whatever the file claims: strings cost ~6x their bytes as
@@ -114,17 +118,20 @@ class _Cursor:
         self.pos += width
         return value
 
-    def string(self, what: str) -> str:
+    def raw_string(self, what: str) -> bytes:
         length = self.unpack("<Q", 8, f"the length of {what}")
         if length > self.left():
             raise CheckpointFormatError(
                 f"{self.path}: truncated or corrupt file: {what} claims a string of {length} bytes at "
                 f"offset {self.pos}, but only {self.left()} bytes are left in the file"
             )
-        raw = self.buf[self.pos:self.pos + length]
+        raw = bytes(self.buf[self.pos:self.pos + length])
         self.pos += length
+        return raw
+
+    def string(self, what: str) -> str:
         try:
-            return bytes(raw).decode("utf-8")
+            return self.raw_string(what).decode("utf-8")
         except UnicodeDecodeError as exc:
             raise CheckpointFormatError(f"{self.path}: {what} is not valid UTF-8 ({exc.reason})") from exc
 
@@ -136,7 +143,11 @@ def _read_value(cur: _Cursor, vtype: int, key: str) -> Any:
         return cur.unpack(fmt, width, f"the value of metadata key {key!r}")
     if vtype == GGUFValueType.STRING:
         cur.count_strings(1, key)
-        return cur.string(f"metadata key {key!r}")
+        raw = cur.raw_string(f"metadata key {key!r}")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:  # refused when read: metadata_map's reason
+            return UndecodedString(exc.reason)
     if vtype == GGUFValueType.ARRAY:
         item_type = cur.unpack("<I", 4, f"the item type of metadata key {key!r}")
         count = cur.unpack("<Q", 8, f"the length of metadata key {key!r}")
@@ -246,13 +257,22 @@ class GGUFStrings(Sequence[str]):
 
 def _read_tensor_info(cur: _Cursor, index: int) -> TableEntry:
     name = cur.string(f"the name of tensor #{index}")
+    if len(name.encode()) > MAX_NAME_BYTES:
+        raise CheckpointFormatError(f"{cur.path}: the name of tensor #{index} is {len(name.encode())} bytes long; "
+                                    f"ggml allows at most {MAX_NAME_BYTES} ({name[:MAX_NAME_BYTES]!r}...)")
     n_dims = cur.unpack("<I", 4, f"the rank of tensor {name!r}")
     if not 1 <= n_dims <= MAX_DIMS:
         raise CheckpointFormatError(f"{cur.path}: tensor {name!r} has {n_dims} dimensions; "
                                     f"GGUF allows 1 to {MAX_DIMS}")
     cur.need(8 * n_dims, f"the shape of tensor {name!r}")
-    dims = struct.unpack_from(f"<{n_dims}Q", cur.buf, cur.pos)
+    dims = struct.unpack_from(f"<{n_dims}q", cur.buf, cur.pos)
     cur.pos += 8 * n_dims
+    if min(dims) < 0:
+        raise CheckpointFormatError(f"{cur.path}: tensor {name!r} has a negative dimension ({min(dims)}) "
+                                    f"in its shape {list(reversed(dims))}")
+    if math.prod(dims) > MAX_ELEMENTS:
+        raise CheckpointFormatError(f"{cur.path}: tensor {name!r} has more elements than ggml can count "
+                                    f"(shape {list(reversed(dims))}, at most {MAX_ELEMENTS} in all)")
     ggml_type = cur.unpack("<I", 4, f"the type of tensor {name!r}")
     offset = cur.unpack("<Q", 8, f"the data offset of tensor {name!r}")
     return name, tuple(reversed(dims)), ggml_type, offset
@@ -304,6 +324,8 @@ def _parse(path: Path) -> GGUFHeader:
         value_types: dict[str, int] = {}
         for i in range(kv_count):
             key = cur.string(f"the name of metadata key #{i}")
+            if not key:
+                raise CheckpointFormatError(f"{path}: metadata key #{i} has an empty name")
             vtype = cur.unpack("<I", 4, f"the type of metadata key {key!r}")
             if key in metadata:
                 raise CheckpointFormatError(f"{path}: metadata key {key!r} appears twice")
@@ -314,7 +336,7 @@ def _parse(path: Path) -> GGUFHeader:
     alignment = alignment_of(path, metadata, value_types)
     data_start = -(-header_end // alignment) * alignment
     tensors = build_tensor_table(path, entries, data_start=data_start, alignment=alignment, file_size=size)
-    return GGUFHeader(path=path, version=version, metadata=metadata, tensors=tensors,
+    return GGUFHeader(path=path, version=version, metadata=GGUFMetadata(path, metadata), tensors=tensors,
                       data_start=data_start, file_size=size)
 
 

@@ -8,13 +8,19 @@ llama.cpp loads through. Its rules, applied here in the same order:
 - the data section starts at the end of the header padded to the alignment;
 - tensor *i* starts exactly where tensor *i-1* ended, padded to the alignment (the first
   at 0): tensors come in table order with no gap and no overlap -- so no two tensors
-  share bytes and no checkpoint value is read twice or shifted.
+  share bytes and no checkpoint value is read twice or shifted;
+- the file holds the whole data section, the last tensor's padding included, as ggml reads
+  it (every GGUF writer pads each tensor): a file cut inside that padding was cut short;
+- a tensor may have no elements (a zero dimension): it is read as an empty tensor.
+
+Block sizes are ggml's (``GGML_BLOCK_SIZES``): gguf-py's table, corrected where it differs.
 
 Every refusal names the file and the key or tensor, and says what ggml expected.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,10 +30,20 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from loader.errors import CheckpointFormatError, UnsupportedError
 
-__all__ = ["ALIGNMENT_KEY", "DEFAULT_ALIGNMENT", "TableEntry", "TensorInfo", "alignment_of", "build_tensor_table"]
+__all__ = ["ALIGNMENT_KEY", "DEFAULT_ALIGNMENT", "GGML_BLOCK_SIZES", "TableEntry", "TensorInfo", "alignment_of",
+           "build_tensor_table"]
 
 ALIGNMENT_KEY = "general.alignment"
 DEFAULT_ALIGNMENT = 32
+MAX_BYTES = 2**64 - 1  # ggml sizes a tensor in a size_t
+GGML_BLOCK_SIZES: dict[int, tuple[int, int]] = {
+    **{int(t): sizes for t, sizes in GGML_QUANT_SIZES.items()},
+    # ggml-common.h, where gguf-py 0.19 differs: block_q8_1 holds two halves and 32 int8 (gguf-py
+    # lists the float d, s of an older layout), and Q2_0 (64 values in 18 bytes) it lacks
+    int(GGMLQuantizationType.Q8_1): (32, 36),
+    42: (64, 18),
+}
+"""Values and bytes per block of each ggml type a GGUF file may hold, as ggml lays them out."""
 TableEntry = tuple[str, tuple[int, ...], int, int]
 """One raw entry as the header lists it: name, shape (torch order), ggml type, data offset."""
 
@@ -72,13 +88,11 @@ def alignment_of(path: Path, metadata: Mapping[str, Any], value_types: Mapping[s
 
 
 def _block_size(info_name: str, ggml_type: int, path: Path) -> tuple[int, int]:
-    try:
-        qtype = GGMLQuantizationType(ggml_type)
-        return GGML_QUANT_SIZES[qtype]
-    except (ValueError, KeyError):
+    if ggml_type not in GGML_BLOCK_SIZES:
         raise UnsupportedError(
             f"{path}: tensor {info_name!r} has ggml type {ggml_type}, which no GGUF reader knows"
-        ) from None
+        )
+    return GGML_BLOCK_SIZES[ggml_type]
 
 
 def _padded(nbytes: int, alignment: int) -> int:
@@ -95,30 +109,28 @@ def _overlapped(tensors: Sequence[TensorInfo], start: int) -> str:
 
 def build_tensor_table(path: Path, entries: Sequence[TableEntry], *, data_start: int, alignment: int,
                        file_size: int) -> tuple[TensorInfo, ...]:
-    """Check every entry and the layout ggml requires; return the tensors with absolute offsets."""
+    """Check every entry and the layout ggml requires; return the tensors with absolute offsets.
+
+    Names come first, as ggml checks them while reading the table: a file with a duplicate name is
+    refused for that, whether or not its data is there.
+    """
+    _refuse_duplicates(path, entries)
     tensors: list[TensorInfo] = []
-    seen: set[str] = set()
     expected = 0
     for name, shape, ggml_type, offset in entries:
-        if name in seen:
-            raise CheckpointFormatError(f"{path}: tensor {name!r} appears twice in the tensor table")
-        seen.add(name)
         block, type_size = _block_size(name, ggml_type, path)
-        if 0 in shape:
-            raise CheckpointFormatError(f"{path}: tensor {name!r} has a zero-length dimension (shape {shape}); "
-                                        "model weights are never empty")
         if shape[-1] % block:
             raise CheckpointFormatError(
                 f"{path}: tensor {name!r} has rows of {shape[-1]} values, not a multiple of the "
-                f"{GGMLQuantizationType(ggml_type).name} block size {block}"
+                f"{TensorInfo(name, shape, ggml_type, 0, 0).type_name} block size {block}"
             )
         if offset % alignment:
             raise CheckpointFormatError(f"{path}: tensor {name!r} starts at data offset {offset}, "
                                         f"not a multiple of the alignment {alignment}")
-        n = 1
-        for d in shape:
-            n *= d
-        nbytes = n // block * type_size
+        nbytes = math.prod(shape) // block * type_size
+        if nbytes > MAX_BYTES:
+            raise CheckpointFormatError(f"{path}: tensor {name!r} of shape {list(shape)} needs {nbytes} bytes, "
+                                        f"more than ggml can address ({MAX_BYTES})")
         start = data_start + offset
         if start + nbytes > file_size:
             raise CheckpointFormatError(
@@ -133,4 +145,18 @@ def build_tensor_table(path: Path, entries: Sequence[TableEntry], *, data_start:
             )
         expected += _padded(nbytes, alignment)
         tensors.append(TensorInfo(name, shape, ggml_type, start, nbytes))
+    if tensors and data_start + expected > file_size:
+        raise CheckpointFormatError(
+            f"{path}: the data section (every tensor padded to the alignment {alignment}) ends at byte "
+            f"{data_start + expected}, past the end of the file ({file_size} bytes): the file was cut short"
+        )
     return tuple(tensors)
+
+
+def _refuse_duplicates(path: Path, entries: Sequence[TableEntry]) -> None:
+    seen: set[str] = set()
+    for name, _, _, _ in entries:
+        if name in seen:
+            raise CheckpointFormatError(f"{path}: tensor {name!r} appears twice in the tensor table")
+        seen.add(name)
+

@@ -130,7 +130,7 @@ class GGUFTensor(CheckpointTensor):
         full = self.info.shape
         if self.info.ggml_type not in FLOAT_TYPES or self._col_start != 0 or self._cols != full[-1]:
             return None
-        if len(full) == 1:
+        if len(full) == 1 or self.info.nbytes == 0:
             return FileSpan(self.file, self.info.offset, self.info.nbytes, self.stats)
         per_row = self.info.nbytes // full[0]
         return FileSpan(self.file, self.info.offset + self._row_start * per_row, self._rows * per_row, self.stats)
@@ -172,7 +172,7 @@ class GGUFTensor(CheckpointTensor):
         for d in full[:-1]:
             stored_rows *= d
         row_bytes = full[-1] // block * size
-        inner = stored_rows // full[0] if len(full) > 1 else 1
+        inner = stored_rows // full[0] if len(full) > 1 and full[0] else 1
         data = self.mapped.bytes()[self.info.offset:self.info.offset + self.info.nbytes]
         matrix = data.view(stored_rows, row_bytes)
         if len(full) > 1:
@@ -182,6 +182,8 @@ class GGUFTensor(CheckpointTensor):
 
     def _decode_into(self, raw: torch.Tensor, out: torch.Tensor) -> None:
         """Dequantize ``raw`` (this window's whole blocks) into ``out`` (this window's shape)."""
+        if out.numel() == 0:  # a zero dimension: nothing to decode (a kernel cannot reshape no blocks)
+            return
         block, _ = block_shape(self.info.ggml_type)
         first, blocks = self._block_window()
         skip = self._col_start - first * block
