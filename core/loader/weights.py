@@ -151,8 +151,15 @@ class CheckpointTensor(abc.ABC):
         return f"tensor {self.name!r} in {self.file}"
 
     def check_destination(self, out: torch.Tensor) -> None:
-        """Raise :class:`~loader.errors.ShapeMismatchError` unless ``out`` has this tensor's shape."""
+        """Raise :class:`~loader.errors.ShapeMismatchError` unless ``out`` has this tensor's shape, and
+        :class:`~loader.errors.CheckpointFormatError` for complex values into a real ``out``: torch's copy
+        would keep the real parts only (with a warning), a silently different weight."""
         check_shape(self, out.shape)
+        if self.dtype.is_complex and not out.dtype.is_complex:
+            raise CheckpointFormatError(
+                f"{self.describe()} holds complex values ({str(self.dtype).removeprefix('torch.')}); reading "
+                f"them into {str(out.dtype).removeprefix('torch.')} would drop their imaginary part"
+            )
 
     def file_span(self) -> FileSpan | None:
         """The values as one run of file bytes in :attr:`dtype`, or ``None`` (the default).

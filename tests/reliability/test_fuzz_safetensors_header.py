@@ -2,7 +2,9 @@
 
 Three harnesses: structured JSON headers (mostly consistent, one field
 disturbed), raw bytes through :func:`read_header` (length field included), and
-random damage to a valid file followed by reading every tensor. When a header
+random damage to a valid file followed by reading every tensor -- that file drawn
+from a seed corpus: our own valid file and every file of the reference reader's
+tests (:mod:`tests.helpers.safetensors_reference_files`). When a header
 parses, the invariants the readers rely on are checked too. Settings: the
 ``loader-fuzz`` profile (tests/reliability/conftest.py).
 """
@@ -24,6 +26,7 @@ from loader.checkpoint import parse_safetensors_header as parse_header
 from loader.errors import LoadError
 from loader_plugin_safetensors import DTYPES, SafetensorsHeader, open_checkpoint_file, read_header
 from tests.helpers.malformed import safetensors_bytes_of
+from tests.helpers.safetensors_reference_files import REFERENCE_FILES
 from tests.reliability.conftest import FUZZ_PROFILE
 from tests.reliability.fuzz_values import EXTREME_INTS, json_values
 
@@ -124,20 +127,29 @@ _VALID = safetensors_bytes_of({"a": torch.arange(6, dtype=torch.float32).reshape
                                "d": torch.tensor(7, dtype=torch.int64)})
 
 
-_DATA_START = 8 + struct.unpack_from("<Q", _VALID)[0]
-_POSITIONS = st.integers(0, len(_VALID) - 1) | st.integers(_DATA_START, len(_VALID) - 1)
+SEED_CORPUS = [_VALID, *(f.blob for f in REFERENCE_FILES)]
+
+
+@st.composite
+def damaged(draw: st.DrawFn) -> bytes:
+    """A seed with up to four runs of bytes overwritten (often in its data), sometimes cut short."""
+    blob = bytearray(draw(st.sampled_from(SEED_CORPUS)))
+    data_start = min(8 + struct.unpack_from("<Q", blob)[0], len(blob)) if len(blob) >= 8 else 0
+    positions = st.integers(0, max(len(blob) - 1, 0)) | st.integers(min(data_start, max(len(blob) - 1, 0)),
+                                                                     max(len(blob) - 1, 0))
+    for _ in range(draw(st.integers(0, 4))):
+        at = draw(positions)
+        raw = draw(st.binary(min_size=1, max_size=8))
+        blob[at:at + len(raw)] = raw
+    keep = draw(st.integers(0, len(blob)))
+    return bytes(blob[:keep]) if keep < len(blob) // 2 else bytes(blob)
 
 
 @FUZZ
-@given(st.lists(st.tuples(_POSITIONS, st.binary(min_size=1, max_size=8)), max_size=4),
-       st.integers(0, len(_VALID)))
-def test_damaged_file_reads_every_tensor_or_raises_load_error(scratch: Path, edits: list[tuple[int, bytes]],
-                                                              keep: int) -> None:
-    blob = bytearray(_VALID)
-    for at, raw in edits:
-        blob[at:at + len(raw)] = raw
+@given(damaged())
+def test_damaged_file_reads_every_tensor_or_raises_load_error(scratch: Path, blob: bytes) -> None:
     path = scratch / "damaged.safetensors"
-    path.write_bytes(bytes(blob[:keep]) if keep < len(_VALID) // 2 else bytes(blob))
+    path.write_bytes(blob)
     try:
         checkpoint = open_checkpoint_file(path)
         check_invariants(checkpoint.header)
