@@ -113,9 +113,17 @@ def loader_fallback(source: Path, state: Any) -> dict[str, Any]:
 
 
 def _setup_transformers(source: Path) -> None:
+    """Imports, including the modeling module of the checkpoint's ``model_type`` (``modeling_llama``,
+    ``modeling_qwen3_moe``): what a server pays once, kept out of the timed load as loader's setup is."""
+    import importlib
+    import json
+
     import torch  # noqa: F401
     import transformers  # noqa: F401
-    from transformers.models.llama import modeling_llama  # noqa: F401
+
+    config = source / "config.json"
+    model_type = json.loads(config.read_text()).get("model_type", "llama") if config.is_file() else "llama"
+    importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
 
 
 def transformers_from_pretrained(source: Path, state: Any) -> dict[str, Any]:

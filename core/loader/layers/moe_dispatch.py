@@ -4,9 +4,11 @@ A dense all-experts compute costs ``num_experts / top_k`` times the work
 (16x for Qwen3-30B-A3B's 128 experts, 8 chosen). Here the ``tokens x top_k``
 choices are sorted by expert once; each expert that at least one token chose
 runs on exactly its tokens (a prefill batches them, a decode step runs
-``top_k`` experts on one row), and the weighted outputs are added back per
-token in ascending expert order — the order ``transformers`` adds them in, so
-float32 results agree to rounding. Choices of experts another rank holds
+``top_k`` experts on one row). Weighted outputs are written in expert order
+into one float32 buffer, put back in choice order with one index copy and
+summed over each token's ``top_k`` choices — no scatter-add, which torch runs
+slowly for half-precision rows on the CPU; the float32 sum keeps bf16 models
+as close to ``transformers`` as its own float32 accumulation. Choices of experts another rank holds
 (expert parallelism) arrive as ``-1`` and are skipped: that rank adds them.
 Quantized methods reuse this with their own per-expert forward.
 """
@@ -33,21 +35,21 @@ def run_chosen_experts(x: torch.Tensor, weights: torch.Tensor, local_ids: torch.
     :param num_local_experts: the experts this rank holds.
     :param expert_forward: one expert's forward on a group of rows.
     """
-    out = torch.zeros_like(x)
-    top_k = local_ids.shape[-1]
+    tokens_count, top_k = local_ids.shape
     flat = local_ids.reshape(-1)
     order = torch.argsort(flat, stable=True)
     # bin 0 counts the choices held elsewhere (-1), bin e + 1 those of local expert e
     counts = torch.bincount(flat + 1, minlength=num_local_experts + 1).tolist()
-    flat_weights = weights.reshape(-1)
+    sorted_weights = weights.reshape(-1).index_select(0, order).unsqueeze(-1)
+    # each choice's weighted output, in expert order: choices held elsewhere (first, -1 sorts lowest) stay zero
+    by_expert = x.new_zeros(flat.numel(), x.shape[-1], dtype=torch.float32)
     start = counts[0]
     for expert, count in enumerate(counts[1:]):
         if not count:
             continue
-        positions = order[start:start + count]
+        chosen = order[start:start + count]
+        rows = expert_forward(expert, x.index_select(0, chosen // top_k))
+        by_expert[start:start + count] = rows * sorted_weights[start:start + count]
         start += count
-        tokens = positions // top_k
-        rows = expert_forward(expert, x.index_select(0, tokens))
-        weighted = rows * flat_weights.index_select(0, positions).unsqueeze(-1)
-        out.index_add_(0, tokens, weighted.to(out.dtype))
-    return out
+    per_choice = torch.empty_like(by_expert).index_copy_(0, order, by_expert)
+    return per_choice.view(tokens_count, top_k, -1).sum(dim=1).to(x.dtype)
