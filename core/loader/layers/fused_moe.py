@@ -29,7 +29,7 @@ from torch import nn
 
 from .. import _distributed
 from .._session import current_session
-from ..errors import ConfigError, MissingWeightsError, ShapeMismatchError, UnexpectedWeightError
+from ..errors import ConfigError, MissingWeightsError, ShapeMismatchError, UnexpectedWeightError, UnsupportedError
 from .expert_placement import place_experts
 from .moe_method import ExpertsShape, fused_moe_method_for
 from .moe_router import TopKRouting, select_experts
@@ -222,7 +222,10 @@ class FusedMoE(nn.Module):
         (``"w1"`` gate, ``"w3"`` up, ``"w2"`` down; ``None``: gate and up fused) of expert ``expert_id``
         (``None``: a 3-D tensor of every expert, experts outermost).
 
-        Experts held by another rank are skipped without reading a byte.
+        Experts held by another rank are skipped without reading a byte. A parameter whose layout has a
+        ``load_part`` (a quantize method's own landing: checks, quantize on load) gets each expert's narrowed
+        part there instead of a copy, with ``part.expert`` the local expert; such parameters take one tensor
+        per expert.
 
         :raises UnexpectedWeightError: an expert id outside ``0..num_experts-1``.
         :raises ShapeMismatchError: a tensor whose shape (or expert count) is not the expert's.
@@ -279,12 +282,19 @@ class FusedMoE(nn.Module):
         shape = param_shape(param, layout)
         split = self._gate_up if shard_id in GATE_UP_SHARDS else self._down
         if has_expert_dim:
+            if layout.load_part is not None:
+                raise UnsupportedError(
+                    f"{loaded.describe()}: {self.prefix}.{self._name_of(param)} lands each expert's tensor its own "
+                    "way and takes experts one tensor each, not a 3-D tensor of every expert")
             part = split.narrow_part(layout, (1, *shape[1:]), loaded, shard_id)
             destination = param.data.narrow(0, index, 1)
             output_dim = layout.output_dim
         else:
             flat = _without_expert_dim(layout)
             part = split.narrow_part(flat, shape[1:], loaded, shard_id)
+            if layout.load_part is not None:  # a quantize method's own landing (checks, quantize on load)
+                layout.load_part(param, attrs.evolve(part, expert=index))
+                return
             destination = param.data[index]
             output_dim = flat.output_dim
         if output_dim is not None:

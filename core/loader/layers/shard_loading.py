@@ -66,6 +66,8 @@ class NarrowedPart:
     :ivar size: the destination rows.
     :ivar rows: ``(start, length)`` of ``narrowed`` in ``whole`` along ``output_dim``, or ``None``.
     :ivar cols: ``(start, length)`` along ``input_dim`` when the layer splits its input, else ``None``.
+    :ivar expert: for a fused-experts parameter, the local expert (index along its first dimension) the part
+        belongs to; ``offset``/``size`` and the layout's dims then describe that expert's slice ``param[expert]``.
     """
 
     shard_id: ShardId
@@ -75,6 +77,7 @@ class NarrowedPart:
     size: int
     rows: tuple[int, int] | None
     cols: tuple[int, int] | None
+    expert: int | None = None
 
 
 class ShardedWeightLoading:

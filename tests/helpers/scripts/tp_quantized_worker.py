@@ -1,7 +1,8 @@
 """Run under ``torchrun``: load each quantized case on this rank and save its logits (or its error).
 
 Usage: ``python -m torch.distributed.run --nproc-per-node N tests/helpers/scripts/tp_quantized_worker.py OUT CASES``
-where ``CASES`` is a JSON file ``{name: {"path": ..., "quantization": ... (optional), "options": {...} | null}}``.
+where ``CASES`` is a JSON file ``{name: {"path": ..., "quantization": ... (optional), "options": {...} | null,
+"enable_expert_parallel": bool (optional)}}``.
 Writes ``OUT/<name>-rank<R>.pt`` and ``OUT/rank<R>.json``
 (``{name: {"tp_size": N, "kernels": {...} (when the method records them)} | {"error": ...}}``).
 Shared by the bitsandbytes and Marlin tensor-parallel tests.
@@ -30,7 +31,8 @@ def main(out: Path, cases_file: Path) -> None:
         try:
             model, report = load_model_with_report(case["path"], dtype="float32",
                                                    quantization=case.get("quantization"),
-                                                   quantization_options=case["options"])
+                                                   quantization_options=case["options"],
+                                                   enable_expert_parallel=case.get("enable_expert_parallel", False))
         except LoadError as exc:
             results[name] = {"error": f"{type(exc).__name__}: {exc}"}
             continue

@@ -10,7 +10,8 @@ import loader
 from loader.errors import CheckpointFormatError, ShapeMismatchError, UnsupportedError
 from loader.testing import simulated_tp
 from loader_plugin_marlin.config import GPTQConfig
-from loader_plugin_marlin.linear_method import PackedLinearMethod, _kernel_tensors
+from loader_plugin_marlin.layer_kernels import kernel_tensors
+from loader_plugin_marlin.linear_method import PackedLinearMethod
 from tests.helpers.gptq_checkpoints import save_gptq_checkpoint
 from tests.helpers.hf_checkpoints import reference_logits, relative_error
 from tests.helpers.model_checks import random_ids
@@ -94,7 +95,7 @@ def test_a_model_moved_after_loading_computes_with_the_moved_tensors(checkpoints
     layer = next(iter(_layers(model).values()))
     assert layer.quant_method.kernel(layer).choice.kernel == kernel
     moved = {id(t) for t in layer.buffers(recurse=False)}
-    held = {id(t) for _, t in _kernel_tensors(layer.quant_method.kernel(layer))}
+    held = {id(t) for _, t in kernel_tensors(layer.quant_method.kernel(layer))}
     assert held <= moved, "the kernel still holds tensors the layer no longer has"
     model.to(torch.float32)
     with torch.no_grad():

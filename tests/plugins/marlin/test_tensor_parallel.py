@@ -3,7 +3,8 @@
 One launch loads every case (each launch costs seconds). Row-parallel layers
 split packed input rows, ``g_idx`` and (without act-order) the groups; with
 act-order each rank keeps every group and gathers its activations into its
-own sorted order.
+own sorted order. Experts split their intermediate dimension the same way,
+or (``-ep`` cases, ``enable_expert_parallel``) go whole to one rank each.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tests.helpers.compressed_tensors_checkpoints import save_ct_checkpoint
 from tests.helpers.gptq_checkpoints import save_gptq_checkpoint
 from tests.helpers.hf_checkpoints import reference_logits, relative_error
 from tests.helpers.model_checks import random_ids
+from tests.helpers.moe_packed_checkpoints import save_ct_moe_checkpoint, save_gptq_moe_checkpoint
 
 pytestmark = pytest.mark.torchrun
 
@@ -28,6 +30,7 @@ REPO = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).parents[2] / "helpers" / "scripts" / "tp_quantized_worker.py"
 RANKS = 2
 ALIGNED = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
+MOE_SIZES = dict(moe_intermediate_size=128)
 CASES = {
     "llama-sym-g32": ("llama", dict(bits=4, group_size=32, sym=True, desc_act=False), None, "int4pack"),
     # a rank's act-order rows of a row-parallel layer rarely fill whole kernel groups: they are padded
@@ -41,8 +44,17 @@ CASES = {
     # the quantized head splits by vocabulary rows (qzeros in whole packed words), like vLLM's ParallelLMHead
     "llama-lm-head-asym": ("llama", dict(bits=4, group_size=32, sym=False, desc_act=False, lm_head=True,
                                          tie_word_embeddings=False), None, "int4pack"),
+    # experts: each rank a slice of every expert (down's act-order rows padded), or whole experts (-ep)
+    "moegptq-qwen3-asym-actorder": ("qwen3_moe", dict(group_size=32, sym=False, desc_act=True, **MOE_SIZES), None,
+                                    "int4pack"),
+    "moegptq-qwen3-asym-actorder-ep": ("qwen3_moe", dict(group_size=32, sym=False, desc_act=True, **MOE_SIZES),
+                                       None, "int4pack"),
+    "moect-mixtral-asym": ("mixtral", dict(group_size=32, sym=False, intermediate_size=128), None, "int4pack"),
+    "moect-qwen2-w8a16-ep": ("qwen2_moe", dict(bits=8, group_size=-1, **MOE_SIZES, intermediate_size=128,
+                                               shared_expert_intermediate_size=128), None, "int8pack"),
 }
-WRITERS = {"awq": save_awq_checkpoint, "ct": save_ct_checkpoint}
+WRITERS = {"awq": save_awq_checkpoint, "ct": save_ct_checkpoint, "moegptq": save_gptq_moe_checkpoint,
+           "moect": save_ct_moe_checkpoint}
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +63,8 @@ def tp_run(tmp_path_factory):
     references, cases = {}, {}
     for name, (family, fields, options, _) in CASES.items():
         write = WRITERS.get(name.partition("-")[0], save_gptq_checkpoint)
-        path, references[name] = write(family, root / name, **fields, **ALIGNED)
-        cases[name] = {"path": str(path), "options": options}
+        path, references[name] = write(family, root / name, **{**ALIGNED, **fields})
+        cases[name] = {"path": str(path), "options": options, "enable_expert_parallel": name.endswith("-ep")}
     cases_file = root / "cases.json"
     cases_file.write_text(json.dumps(cases))
     out = root / "out"

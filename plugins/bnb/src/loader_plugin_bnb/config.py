@@ -16,25 +16,27 @@ bitsandbytes or whose checkpoint declares it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import torch
 
 from loader.errors import ConfigError, UnsupportedError
-from loader.layers import LinearBase, QuantizationConfig
+from loader.layers import FusedMoE, LinearBase, QuantizationConfig
 
 from .grouping import group_packed_weights
 from .linear_method import BitsAndBytesLinearMethod
 from .names import METHOD_NAME
+from .packed_tensor import Packed4bitTensor
 from .quant_state import BLOCKSIZES, QUANT_TYPES
 
 if TYPE_CHECKING:
     from torch import nn
 
     from loader.layers import QuantizeMethodBase
-    from loader.weights import WeightStream
+    from loader.weights import CheckpointTensor, WeightStream
 
 __all__ = [
     "DEFAULT_SKIP_MODULES",
@@ -97,7 +99,20 @@ class BitsAndBytesConfig(QuantizationConfig):
         return any(_matches(prefix, m) for m in self.skip_modules)
 
     def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
-        """:class:`~loader_plugin_bnb.linear_method.BitsAndBytesLinearMethod` for every parallel linear layer."""
+        """:class:`~loader_plugin_bnb.linear_method.BitsAndBytesLinearMethod` for every parallel linear layer.
+
+        Mixture-of-experts experts are not quantized: a pre-quantized
+        checkpoint holds them dense (``transformers`` 5 quantizes ``nn.Linear``
+        modules only, and its experts are fused 3-D parameters), so they load
+        as written; quantizing them in flight is refused, naming the layer.
+        """
+        if isinstance(layer, FusedMoE):
+            if self.prequantized:
+                return None
+            raise UnsupportedError(
+                f"{prefix}: mixture-of-experts experts are not supported with bitsandbytes in-flight quantization "
+                "(it quantizes linear layers only); load without quantization='bitsandbytes', or use a GPTQ or "
+                "compressed-tensors checkpoint of the model")
         if not isinstance(layer, LinearBase):
             return None
         return BitsAndBytesLinearMethod(self)
@@ -111,7 +126,7 @@ class BitsAndBytesConfig(QuantizationConfig):
         """
         if not self.prequantized:
             return weights
-        return group_packed_weights(weights)
+        return _refuse_packed_experts(group_packed_weights(weights))
 
     @property
     def torch_compute_dtype(self) -> Any:
@@ -196,3 +211,17 @@ def config_from_checkpoint(declared: Mapping[str, Any]) -> BitsAndBytesConfig:
         skip_modules=_check_skip_modules(declared.get("llm_int8_skip_modules"), where),
         prequantized=True,
     )
+
+
+_EXPERT_TENSOR = re.compile(r"\.experts\.\d+\.")
+
+
+def _refuse_packed_experts(weights: WeightStream) -> Iterator[tuple[str, CheckpointTensor]]:
+    """Pass the grouped stream through, refusing a 4-bit expert weight (``transformers`` 4 quantized each
+    expert's ``nn.Linear``): experts are not supported with bitsandbytes."""
+    for name, tensor in weights:
+        if isinstance(tensor, Packed4bitTensor) and _EXPERT_TENSOR.search(name):
+            raise UnsupportedError(
+                f"{tensor.describe()}: a bitsandbytes 4-bit expert weight; mixture-of-experts experts are not "
+                "supported with bitsandbytes (checkpoints that transformers 5 writes keep them unquantized)")
+        yield name, tensor

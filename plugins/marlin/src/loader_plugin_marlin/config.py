@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 
 from loader.errors import ConfigError, UnsupportedError
-from loader.layers import LinearBase, ParallelLMHead, QuantizationConfig
+from loader.layers import FusedMoE, LinearBase, ParallelLMHead, QuantizationConfig
 
+from .fused_moe_method import PackedFusedMoEMethod
 from .gptq_format import GPTQLayout
 from .linear_method import PackedLinearMethod
 
@@ -103,10 +104,37 @@ class PackedQuantConfig(QuantizationConfig):
 
     def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
         """:class:`~loader_plugin_marlin.linear_method.PackedLinearMethod` for every parallel linear layer, and for
-        the output head when the checkpoint quantizes it (:attr:`lm_head`)."""
+        the output head when the checkpoint quantizes it (:attr:`lm_head`);
+        :class:`~loader_plugin_marlin.fused_moe_method.PackedFusedMoEMethod` for fused experts.
+
+        Routers (``mlp.gate``) and Qwen2-MoE's ``shared_expert_gate`` are
+        built without a quantization config, so they stay dense whatever the
+        skip list says, as GPTQModel and llm-compressor write them.
+        """
+        if isinstance(layer, FusedMoE):
+            return self._experts_method(layer, prefix)
         if not (isinstance(layer, LinearBase) or (self.lm_head and isinstance(layer, ParallelLMHead))):
             return None
         return PackedLinearMethod(self)
+
+    def _experts_method(self, layer: FusedMoE, prefix: str) -> PackedFusedMoEMethod | None:
+        """The experts' method, dense when the skip list names every expert part; naming only some is refused
+        (the experts share one weight per part)."""
+        names = [f"{prefix}.{expert}.{part}" for expert in range(layer.num_experts)
+                 for part in layer.names.by_part.values()]
+        skipped = [name for name in names if self.ignores(name)]
+        if skipped and len(skipped) < len(names):
+            raise UnsupportedError(
+                f"{_WHERE}: keeps {skipped[0]} unquantized but quantizes other experts of {prefix} "
+                f"({len(skipped)} of {len(names)} expert parts skipped); their parts share one fused weight")
+        if skipped:
+            return None
+        return PackedFusedMoEMethod(self.for_modules(names, prefix))
+
+    def for_modules(self, names: Sequence[str], prefix: str) -> PackedQuantConfig:
+        """This config as it applies to the checkpoint modules ``names`` fused into layer ``prefix`` (they must
+        agree); the base has no per-module settings."""
+        return self
 
 
 _DYNAMIC_FIELDS = {"bits": "bits", "group_size": "group_size", "sym": "sym", "desc_act": "act_order"}
@@ -151,18 +179,27 @@ class GPTQConfig(PackedQuantConfig):
     def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
         """The shared method, with this layer's ``dynamic`` overrides (a fused layer's parts must agree)."""
         method = super().get_quant_method(layer, prefix)
-        if method is None or not self.dynamic:
+        if not isinstance(method, PackedLinearMethod) or not self.dynamic:
             return method
         parent, _, leaf = prefix.rpartition(".")
         names = [f"{parent}.{part}" if parent else part for part in self.packed_modules.get(leaf, ())] or [prefix]
+        config = self.for_modules(names, prefix)
+        return method if config is self else PackedLinearMethod(config)
+
+    def for_modules(self, names: Sequence[str], prefix: str) -> PackedQuantConfig:
+        """This config with the ``dynamic`` overrides of ``names``, which must agree (one fused weight)."""
+        if not self.dynamic:
+            return self
         found = {name: rule.overrides if (rule := self._rule(name)) is not None else () for name in names}
         if len(set(found.values())) > 1:
-            raise UnsupportedError(f"{_WHERE}: dynamic gives the parts of {prefix} different settings {found}; "
+            first_with: dict[tuple[tuple[str, Any], ...], str] = {}
+            for name, settings in found.items():
+                first_with.setdefault(settings, name)
+            shown = {name: dict(settings) for settings, name in first_with.items()}
+            raise UnsupportedError(f"{_WHERE}: dynamic gives the parts of {prefix} different settings {shown}; "
                                    "they share one fused weight")
         overrides = dict(next(iter(found.values())))
-        if not overrides:
-            return method
-        return PackedLinearMethod(attrs.evolve(self, **overrides))  # kernel_log is the same dict
+        return attrs.evolve(self, **overrides) if overrides else self  # kernel_log is the same dict
 
     @property
     def zeros_stored_minus_one(self) -> bool:

@@ -12,15 +12,20 @@ tensors into the one internal representation.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 import torch
 
+from loader.errors import CheckpointFormatError
+
 from .layer_geometry import LayerGeometry
 from .quantized_weight import QuantizedWeight
 
-__all__ = ["CheckpointLayout", "ParamSpec"]
+if TYPE_CHECKING:
+    from loader.layers import NarrowedPart
+
+__all__ = ["CheckpointLayout", "ParamSpec", "land_shape_record", "land_shared_g_idx"]
 
 
 @attrs.frozen
@@ -58,3 +63,33 @@ class CheckpointLayout(Protocol):
     def params(self, geometry: LayerGeometry) -> list[ParamSpec]: ...
 
     def to_quantized(self, tensors: Mapping[str, torch.Tensor], geometry: LayerGeometry) -> QuantizedWeight: ...
+
+
+def land_shared_g_idx(destination: torch.Tensor, part: NarrowedPart, first_part: object | None, what: str) -> None:
+    """Copy a ``g_idx`` part (kind ``g_idx``) into ``destination``; when part ``first_part`` already landed
+    there, the two must be equal: fused parts share one input, so one act-order.
+
+    :param what: the parameter, for the message.
+    """
+    values = part.narrowed.read(torch.int32)
+    if first_part is not None and not torch.equal(values, destination):
+        raise CheckpointFormatError(
+            f"{part.narrowed.describe()}: {what} of part {part.shard_id!r} differs from part {first_part!r}; "
+            "the fused parts share one input and must share one g_idx"
+        )
+    destination.copy_(values)
+
+
+def land_shape_record(destination: torch.Tensor, part: NarrowedPart, expected: list[int], what: str) -> None:
+    """Check a per-part ``[rows, cols]`` record of the unpacked weight (kind ``shape``) against ``expected``
+    and keep it in ``destination``.
+
+    :param what: the layer part, for the message.
+    """
+    values = [int(v) for v in part.narrowed.read(torch.int64).flatten().tolist()]
+    if values != expected:
+        raise CheckpointFormatError(
+            f"{part.narrowed.describe()}: records an unpacked weight of shape {values}, but {what} has shape "
+            f"{expected}"
+        )
+    destination.copy_(torch.tensor(expected, dtype=destination.dtype))
