@@ -299,6 +299,7 @@ class FusedMoE(nn.Module):
             output_dim = flat.output_dim
         if output_dim is not None:
             destination = destination.narrow(output_dim, part.offset, part.size)
+        # copied, never mapped: a mapping per expert part would spend vm.max_map_count by the thousand
         part.narrowed.read_into(destination)
 
     def _name_of(self, param: torch.Tensor) -> str:
