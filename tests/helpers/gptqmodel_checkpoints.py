@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from tests.helpers.hf_checkpoints import save_checkpoint, tiny_config
+from tests.helpers.moe_packed_checkpoints import transformers_model_of
 from tests.helpers.tokenizers_files import write_tokenizer
 
 
@@ -81,6 +82,19 @@ def reference_from_gptqmodel(path: Path, dense: Path, weights: dict[str, torch.T
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and all(name == "lm_head.weight" for name in missing), (missing, unexpected)
     return model.eval()
+
+
+def reference_from_gptqmodel_experts(path: Path, weights: dict[str, torch.Tensor]) -> Any:
+    """:func:`reference_from_gptqmodel` for a mixture-of-experts checkpoint: its float tensors and GPTQModel's
+    dequantized linears (attention and every expert part, by their per-expert names) loaded by
+    ``transformers.from_pretrained``, which fuses the experts its own way."""
+    from safetensors.torch import load_file
+
+    state = {name: tensor for name, tensor in load_file(path / "model.safetensors").items()
+             if name.rpartition(".")[2] not in ("qweight", "qzeros", "scales", "g_idx")}
+    state.update({f"{name}.weight": weight for name, weight in weights.items()})
+    config = json.loads((path / "config.json").read_text())
+    return transformers_model_of(path.parent / "dequantized", config, state)
 
 
 CALIBRATION_TEXT = (

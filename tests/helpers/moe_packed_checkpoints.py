@@ -51,7 +51,6 @@ def save_moe_packed_checkpoint(family: str, path: Path, quantization_config: dic
                                seed: int = 0, **overrides: Any) -> tuple[Path, Any]:
     """Write ``family`` (a MoE preset) with its linears and experts packed by ``pack`` at ``path``; return it with
     ``transformers``' float32 model of the dequantized weights (saved beside it, ``<path>-dequantized``)."""
-    import transformers
     from safetensors.torch import load_file, save_file
 
     model = build_model(family, tiny_config(family, **overrides), seed=seed)
@@ -70,9 +69,23 @@ def save_moe_packed_checkpoint(family: str, path: Path, quantization_config: dic
     save_file(packed, path / "model.safetensors", metadata={"format": "pt"})
     config = json.loads((dense / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**config, "quantization_config": quantization_config}, indent=2))
-    save_file(dequantized, dense / "model.safetensors", metadata={"format": "pt"})
-    reference = transformers.AutoModelForCausalLM.from_pretrained(dense, dtype=torch.float32)
-    return path, reference.eval()
+    return path, transformers_model_of(dense, config, dequantized)
+
+
+def transformers_model_of(folder: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Any:
+    """``transformers``' float32 model of a checkpoint of ``tensors`` named as on disk (per expert), written to
+    ``folder`` with ``config`` and loaded by ``from_pretrained``, which fuses the experts its own way."""
+    import transformers
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in [*folder.glob("*.safetensors"), *folder.glob("*.safetensors.index.json")]:
+        old.unlink()
+    config = {key: value for key, value in config.items() if key != "quantization_config"}
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    save_file({name: t.to(torch.float32).contiguous() for name, t in tensors.items()}, folder / "model.safetensors",
+              metadata={"format": "pt"})
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
 
 def save_gptq_moe_checkpoint(family: str, path: Path, *, bits: int = 4, group_size: int = 32, sym: bool = True,

@@ -4,6 +4,9 @@ Skipped where GPTQModel is not installed (``pip install -c constraints.txt gptqm
 ``marlin-gptqmodel``). Quantizing each tiny model takes about a minute on a 2-core machine.
 Hidden size 160 with group 128: GPTQModel writes a partial last group (128 + 32 rows).
 
+A tiny Qwen3-MoE quantized by GPTQModel (it defuses transformers' 3-D experts and writes each expert part's
+tensors, router dense) loads per expert as its own dequantization, and splits over two simulated ranks.
+
 The real model: SmolLM2-135M-Instruct (the Q4_1 GGUF of ``scripts/fetch_smollm2.py``, dequantized by
 transformers' GGUF loader) quantized by GPTQModel with act-order and group 128 over its K = 576 (a partial
 last group), once per session; skipped with the reason when the GGUF cannot be fetched.
@@ -19,10 +22,13 @@ import torch
 pytest.importorskip("gptqmodel")
 
 import loader
+from loader.layers import FusedMoE
+from loader_plugin_marlin.fused_moe_method import PackedFusedMoEMethod
 from loader_plugin_marlin.linear_method import PackedLinearMethod
 from tests.helpers.gptqmodel_checkpoints import (
     gptqmodel_dequantized_weights,
     reference_from_gptqmodel,
+    reference_from_gptqmodel_experts,
     save_gptqmodel_checkpoint,
     save_gptqmodel_from_gguf,
 )
@@ -149,6 +155,60 @@ def test_a_gptqmodel_quantized_lm_head_loads_into_the_head(tmp_path):
         error = relative_error(model(ids), reference_logits(reference, ids))
     print(f"GPTQModel lm_head=True: fp32 relative error {error:.3g}")
     assert error <= 1e-3
+
+
+# Qwen3-MoE: GPTQModel defuses transformers' 3-D experts and writes each expert part's tensors; router kept dense
+MOE_SIZES = dict(hidden_size=128, moe_intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                 **QWEN_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def moe_written(tmp_path_factory):
+    path = save_gptqmodel_checkpoint("qwen3_moe", tmp_path_factory.mktemp("gptqmodel-moe"), sym=False,
+                                     desc_act=True, group_size=32, **MOE_SIZES)
+    return path, gptqmodel_dequantized_weights(path)[1]
+
+
+def test_gptqmodel_moe_experts_load_as_its_own_dequantization(moe_written):
+    path, weights = moe_written
+    model = loader.load_model(str(path), dtype="float32", quantization_options={"kernel": "dequantize"})
+    experts = [m for m in model.modules() if isinstance(m, FusedMoE)]
+    assert len(experts) == 2 and all(isinstance(m.quant_method, PackedFusedMoEMethod) for m in experts)
+    for layer in experts:
+        for expert in range(layer.num_experts):
+            gate_up = layer.quant_method.kernel(layer, "w13", expert).weight.dequantize()
+            down = layer.quant_method.kernel(layer, "w2", expert).weight.dequantize()
+            theirs = {part: weights[f"{layer.prefix}.{expert}.{part}"]
+                      for part in ("gate_proj", "up_proj", "down_proj")}
+            # GPTQModel computes scale * (code - zero) in float16: one rounding of the exact float32 value
+            assert torch.equal(gate_up.half().float(), torch.cat([theirs["gate_proj"], theirs["up_proj"]]))
+            assert torch.equal(down.half().float(), theirs["down_proj"])
+    reference = reference_from_gptqmodel_experts(path, weights)
+    packed, packed_report = loader.load_model_with_report(str(path), dtype="float32")
+    assert {packed_report.quantization["layers"][m.prefix]["kernel"] for m in experts} == {"int4pack"}
+    ids = random_ids(reference.config.vocab_size, seq=24)
+    with torch.no_grad():
+        error = relative_error(packed(ids), reference_logits(reference, ids))
+    print(f"GPTQModel Qwen3-MoE: fp32 relative error {error:.3g}; kernels {packed_report.quantization['kernels']}")
+    assert error <= 1e-3
+
+
+@pytest.mark.parametrize("expert_parallel", [False, True])
+def test_gptqmodel_moe_experts_split_over_two_simulated_ranks_add_up(moe_written, expert_parallel):
+    from loader.testing import simulated_tp
+
+    path, _ = moe_written
+    whole = loader.load_model(str(path), dtype="float32").model.layers[1].mlp
+    hidden = torch.randn(9, MOE_SIZES["hidden_size"], generator=torch.Generator().manual_seed(2))
+    logits = whole.gate(hidden)
+    partial = []
+    for rank in range(2):
+        with simulated_tp(rank, 2):
+            model = loader.load_model(str(path), dtype="float32", enable_expert_parallel=expert_parallel)
+        with torch.no_grad():
+            partial.append(model.model.layers[1].mlp.experts(hidden, logits))
+    with torch.no_grad():
+        assert relative_error(partial[0] + partial[1], whole.experts(hidden, logits)) <= 1e-5
 
 
 # tp=2 splits o_proj's 160 input rows into 80 per rank: whole groups only with act-order (groups stay whole on
