@@ -224,7 +224,10 @@ def _known_plugins(text: str, found: list[Plugin]) -> str:
     for plugin in found:
         fields = [json.dumps(plugin.name)] + [f"{key}={_tuple(values)}" for key, values in plugin.provides.items()
                                               if values]
-        lines.append(f"    KnownPlugin({', '.join(fields)}),")
+        line = f"    KnownPlugin({', '.join(fields)}),"
+        if len(line) > 120:  # the project's line length: one field a line
+            line = "\n".join(["    KnownPlugin(", *(f"        {field}," for field in fields), "    ),"])
+        lines.append(line)
     lines.append(")")
     return _between_markers(text, "core/loader/_known_plugins.py", ("#", ""), lines)
 

@@ -53,8 +53,11 @@ KNOWN_PLUGINS: tuple[KnownPlugin, ...] = (
     KnownPlugin("gguf", formats=("gguf",)),
     KnownPlugin("llama", architectures=("LlamaForCausalLM",)),
     KnownPlugin("marlin", quantization=("gptq", "awq", "compressed-tensors")),
-    KnownPlugin("mistral", architectures=("MistralForCausalLM",)),
-    KnownPlugin("qwen", architectures=("Qwen2ForCausalLM", "Qwen3ForCausalLM")),
+    KnownPlugin("mistral", architectures=("MistralForCausalLM", "MixtralForCausalLM")),
+    KnownPlugin(
+        "qwen",
+        architectures=("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"),
+    ),
     KnownPlugin("runai", formats=("runai_streamer", "runai_streamer_sharded"), schemes=("s3",)),
     KnownPlugin("safetensors", formats=("safetensors", "pt")),
     KnownPlugin("transformers"),
