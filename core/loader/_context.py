@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
 
     from .layers.quantization import QuantizationConfig
@@ -25,10 +27,13 @@ class ModelContext:
     handed to each layer so a quantization plugin can choose its parameters.
     The rank and size to build for are the load session's
     (:func:`loader._session.current_session`). ``trust_remote_code`` is the
-    user's consent to run the checkpoint's own modeling code (``auto_map``).
+    user's consent to run the checkpoint's own modeling code (``auto_map``),
+    which lives in ``source_dir``, the checkpoint's local folder (``None`` for a
+    source streamed without one, such as ``s3://``).
     """
 
     hf_config: Mapping[str, Any]
     dtype: torch.dtype
     quant_config: QuantizationConfig | None = None
     trust_remote_code: bool = False
+    source_dir: Path | None = None

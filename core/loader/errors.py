@@ -18,6 +18,7 @@ __all__ = [
     "SettingError",
     "ShapeMismatchError",
     "SourceNotFoundError",
+    "TrustRemoteCodeError",
     "UnexpectedWeightError",
     "UnknownArchitectureError",
     "UnsupportedError",
@@ -81,6 +82,10 @@ class UnexpectedWeightError(LoadError):
 
 class ShapeMismatchError(LoadError):
     """A checkpoint tensor does not have the shape its parameter expects."""
+
+
+class TrustRemoteCodeError(UnsupportedError):
+    """The checkpoint needs its own modeling code (``auto_map``) and ``trust_remote_code`` was not given."""
 
 
 class PackedSplitError(UnsupportedError):

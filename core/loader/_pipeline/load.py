@@ -212,7 +212,7 @@ def _build(prepared: PreparedCheckpoint, options: LoadOptions, dtype: torch.dtyp
         except ModelInfoError as exc:
             raise PluginError(f"model class for {arch}: {exc}") from exc
     ctx = ModelContext(hf_config=prepared.hf_config, dtype=dtype, quant_config=quant_config,
-                       trust_remote_code=options.trust_remote_code)
+                       trust_remote_code=options.trust_remote_code, source_dir=prepared.source.directory)
     try:
         with factory_dtype(dtype), torch.device("meta"):
             model = cls(ctx)

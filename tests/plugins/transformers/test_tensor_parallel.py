@@ -2,7 +2,9 @@
 
 Granite's plan is plain colwise/rowwise; OLMo 2's gathers q/k/v (their norms
 need whole rows) and splits o_proj's input; Phi-3's fuses qkv and gate/up; a
-Granite with one KV head on two ranks replicates it (as vLLM does).
+Granite with one KV head on two ranks replicates it (as vLLM does); Mixtral's and
+Qwen2-MoE's fused experts split their intermediate rows (``packed_colwise`` /
+``rowwise``). Every load is forced through the fallback.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import loader
 from tests.helpers.hf_checkpoints import relative_error
 from tests.helpers.hf_fallback_checkpoints import save_fallback_checkpoint
 from tests.plugins.transformers.scripts.tp_fallback import IDS
+from tests.plugins.transformers.test_moe_conversions import MOE_FAMILIES
 
 pytestmark = pytest.mark.torchrun
 
@@ -27,7 +30,8 @@ REPO = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).parent / "scripts" / "tp_fallback.py"
 RANKS = 2
 CASES = {"granite": ("granite", {"tie_word_embeddings": False}), "olmo2": ("olmo2", {}), "phi3": ("phi3", {}),
-         "granite-one-kv-head": ("granite", {"num_key_value_heads": 1})}  # tp=2 > 1 KV head: replicated
+         "granite-one-kv-head": ("granite", {"num_key_value_heads": 1}),  # tp=2 > 1 KV head: replicated
+         "mixtral": ("mixtral", MOE_FAMILIES["mixtral"]), "qwen2_moe": ("qwen2_moe", MOE_FAMILIES["qwen2_moe"])}
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +55,7 @@ def tp_run(tmp_path_factory):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_tp2_logits_equal_tp1(tp_run, case):
     paths, ranks = tp_run
-    model = loader.load_model(str(paths[case]), dtype="float32")
+    model = loader.load_model(str(paths[case]), dtype="float32", model_impl="transformers")
     with torch.no_grad():
         expected = model(IDS)
     for rank, results in enumerate(ranks):
@@ -62,9 +66,10 @@ def test_tp2_logits_equal_tp1(tp_run, case):
         assert error <= 1e-5, f"rank {rank}: relative error {error:.3g}"
 
 
-def test_each_rank_reads_only_its_share_of_the_planned_layers(tp_run):
+@pytest.mark.parametrize("case", ["granite", "mixtral"])
+def test_each_rank_reads_only_its_share_of_the_planned_layers(tp_run, case):
     paths, ranks = tp_run
     for results in ranks:
-        result = results[str(paths["granite"])]
-        # embeddings and the head are replicated; every planned linear is read half
+        result = results[str(paths[case])]
+        # embeddings and the head are replicated; every planned linear (and expert) is read half
         assert result["bytes_read"] < 0.75 * result["checkpoint_bytes"], result

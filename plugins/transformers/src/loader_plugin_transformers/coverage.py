@@ -12,11 +12,14 @@ the config class, or the class's own config type when it is missing.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
 
 from loader.errors import ConfigError, UnknownArchitectureError
+
+from .remote_code import remote_classes
 
 __all__ = ["GGUF_ARCHITECTURE_KEY", "HFModelSpec", "causal_lm_class_names", "covered_architectures", "hf_model_spec"]
 
@@ -57,8 +60,24 @@ def _transformers_version() -> str:
     return str(transformers.__version__)
 
 
-def hf_model_spec(hf_config: Mapping[str, Any]) -> HFModelSpec:
-    """The transformers causal-LM class and config for ``hf_config``; one-line errors name what is unknown."""
+def _parse_config(config_class: Any, hf_config: Mapping[str, Any], what: str) -> Any:
+    """``config_class`` from the JSON mapping, special floats (``{"__float__": "Infinity"}``) decoded as
+    transformers' own ``from_json_file`` does."""
+    decode = getattr(config_class, "_decode_special_floats", None)
+    values = decode(dict(hf_config)) if callable(decode) else dict(hf_config)
+    try:
+        return config_class.from_dict(values)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ConfigError(f"config.json cannot be read as {what} config: {exc}") from exc
+
+
+def hf_model_spec(hf_config: Mapping[str, Any], *, trust_remote_code: bool = False,
+                  source_dir: Path | None = None) -> HFModelSpec:
+    """The transformers causal-LM class and config for ``hf_config``; one-line errors name what is unknown.
+
+    A checkpoint that ships its own code (``auto_map``) gets its own classes only with
+    ``trust_remote_code`` (:mod:`.remote_code`), imported from ``source_dir``.
+    """
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -68,6 +87,13 @@ def hf_model_spec(hf_config: Mapping[str, Any]) -> HFModelSpec:
     arch = str(archs[0]) if isinstance(archs, list) and archs else "(none listed)"
     model_type = hf_config.get("model_type")
     classes = causal_lm_class_names()
+    remote = remote_classes(hf_config, architecture=arch, known=arch in set(classes.values()),
+                            trust=trust_remote_code, source_dir=source_dir)
+    if remote is not None:
+        config_class = remote.config_class or getattr(remote.model_class, "config_class", None)
+        own = f"the checkpoint's own {getattr(config_class, '__name__', 'config class')}"
+        config = _parse_config(config_class, hf_config, own)
+        return HFModelSpec(architecture=arch, model_class=remote.model_class, config=config)
     if arch not in set(classes.values()):
         known_type = classes.get(model_type) if isinstance(model_type, str) else None
         hint = (f" (its model_type {model_type!r} has {known_type}: list that in architectures to load it as one)"
@@ -86,9 +112,6 @@ def hf_model_spec(hf_config: Mapping[str, Any]) -> HFModelSpec:
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         raise ConfigError(f"config.json model_type {model_type!r}: transformers {_transformers_version()} has no "
                           f"config class for it (needed to build {class_name})")
-    try:
-        config = CONFIG_MAPPING[model_type].from_dict(dict(hf_config))
-    except (TypeError, ValueError, KeyError) as exc:
-        raise ConfigError(f"config.json cannot be read as a transformers {model_type} config: {exc}") from exc
+    config = _parse_config(CONFIG_MAPPING[model_type], hf_config, f"a transformers {model_type}")
     return HFModelSpec(architecture=class_name, model_class=model_class, config=config,
                        gguf_architecture=gguf_architecture if isinstance(gguf_architecture, str) else None)

@@ -20,12 +20,15 @@ from torch import nn
 from loader.models import SupportsQuantization, SupportsTensorParallel, current_session
 
 from .coverage import covered_architectures, hf_model_spec
+from .expert_sharding import shard_experts
 from .weight_loading import compute_buffers, load_hf_weights
 
 if TYPE_CHECKING:
     from loader.layers import KVCache
     from loader.models import ModelContext
     from loader.weights import CheckpointTensor
+
+    from .expert_sharding import ShardedExperts
 
 __all__ = ["HF_MODEL", "TransformersForCausalLM"]
 
@@ -47,7 +50,7 @@ class TransformersForCausalLM(nn.Module, SupportsTensorParallel, SupportsQuantiz
 
     def __init__(self, ctx: ModelContext) -> None:
         super().__init__()
-        spec = hf_model_spec(ctx.hf_config)
+        spec = hf_model_spec(ctx.hf_config, trust_remote_code=ctx.trust_remote_code, source_dir=ctx.source_dir)
         self.architecture = spec.architecture
         self.label = f"transformers' {spec.architecture}"
         if ctx.quant_config is not None:
@@ -65,12 +68,15 @@ class TransformersForCausalLM(nn.Module, SupportsTensorParallel, SupportsQuantiz
             layers = int(getattr(spec.config, "num_hidden_layers", 0) or 0)
             self._gguf_names = gguf_to_hf_names(self.hf_model, spec.gguf_architecture, layers)
         self._transposed: set[str] = set()
+        self._sharded: dict[str, ShardedExperts] = {}
         if current_session().tp_size > 1 or ctx.quant_config is not None:  # a plain load keeps every module
             from .parallel import swap_linears
 
             plan = getattr(spec.config, "base_model_tp_plan", None)
             self._transposed = swap_linears(self.hf_model, architecture=spec.architecture, plan=plan,
                                             quant_config=ctx.quant_config, dtype=ctx.dtype)
+            if plan and current_session().tp_size > 1:
+                self._sharded = shard_experts(self.hf_model, plan, architecture=spec.architecture)
         self._caches: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
     def init_buffers(self, device: torch.device) -> None:
@@ -83,7 +89,8 @@ class TransformersForCausalLM(nn.Module, SupportsTensorParallel, SupportsQuantiz
             from .gguf_names import rename_gguf_weights
 
             weights = rename_gguf_weights(weights, self._gguf_names, arch=self._gguf_architecture, label=self.label)
-        filled = load_hf_weights(self.hf_model, weights, transposed=self._transposed, label=self.label)
+        filled = load_hf_weights(self.hf_model, weights, transposed=self._transposed, label=self.label,
+                                 sharded=self._sharded)
         return {f"{HF_MODEL}.{name}" for name in filled}
 
     def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:

@@ -10,7 +10,8 @@ statement of which layers split how): ``colwise`` becomes a
 ``colwise_gather_output`` a column-parallel layer that gathers its output, and
 ``rowwise_split_input`` a row-parallel layer that takes its own slice of a
 replicated input. Linear layers the plan does not name stay whole on every
-rank (column-parallel with a gather, so each rank still reads only its rows).
+rank (column-parallel with a gather, so each rank still reads only its rows;
+one with fewer outputs than ranks, unquantized, stays transformers' own).
 The output head is left to transformers (it may be tied to the embedding).
 """
 
@@ -161,6 +162,8 @@ def swap_linears(hf_model: nn.Module, *, architecture: str, plan: Mapping[str, s
                 f"fallback shards only {', '.join(SUPPORTED_STYLES)}"
             )
         assert isinstance(module, nn.Module)
+        if style is None and quant_config is None and _sizes(module)[1] % tp:
+            continue  # unplanned and too narrow to split (a shared expert's one-output gate): kept whole
         if replicate_kv and name.rsplit(".", 1)[-1] in _KV_PROJECTIONS:
             layer = _replicated_kv_layer(style, _sizes(module), dtype, quant_config, name, config, architecture)
             replicated += 1

@@ -1,10 +1,12 @@
-"""A checkpoint tensor read transposed, still narrowed before it is read.
+"""A checkpoint tensor read transposed (or with its dims permuted), still narrowed before it is read.
 
 GPT-2-style ``Conv1D`` layers store their weight as ``(in, out)``; the loader's
 linear layers hold ``(out, in)``. When the fallback swaps such a layer for a
 loader layer (to quantize or shard it), its checkpoint tensor is wrapped here
 so that a rank's narrow of rows becomes a narrow of the stored columns: only
-this rank's bytes are read, then transposed in memory.
+this rank's bytes are read, then transposed in memory. transformers' weight
+conversions may transpose a tensor before it lands in a fused parameter
+(``Transpose``); :class:`PermutedTensor` is that, for any number of dims.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from loader.weights import CheckpointTensor
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TransposedTensor", "WrappedTensor"]
+__all__ = ["PermutedTensor", "TransposedTensor", "WrappedTensor"]
 
 
 class WrappedTensor(CheckpointTensor):
@@ -67,3 +69,30 @@ class TransposedTensor(WrappedTensor):
 
     def read(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         return self.inner.read(dtype).t().contiguous()
+
+
+class PermutedTensor(WrappedTensor):
+    """``inner`` with its dims reordered: dim ``j`` of this tensor is dim ``dims[j]`` of ``inner``."""
+
+    def __init__(self, inner: CheckpointTensor, dims: tuple[int, ...]) -> None:
+        if sorted(dims) != list(range(inner.ndim)):
+            raise ValueError(f"{inner.describe()}: {dims} is not a permutation of its {inner.ndim} dims")
+        super().__init__(inner)
+        self.dims = dims
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.inner.shape[d] for d in self.dims)
+
+    def narrow(self, dim: int, start: int, length: int) -> CheckpointTensor:
+        dim = self.check_narrow(dim, start, length)
+        return PermutedTensor(self.inner.narrow(self.dims[dim], start, length), self.dims)
+
+    def read(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return self.inner.read(dtype).permute(self.dims).contiguous()
+
+    def read_into(self, out: torch.Tensor) -> None:
+        if self.dims == tuple(range(len(self.dims))):  # nothing moves: the inner tensor's own (fast) read
+            self.inner.read_into(out)
+            return
+        super().read_into(out)

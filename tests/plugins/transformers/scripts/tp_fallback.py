@@ -26,7 +26,7 @@ def main(out: Path, checkpoints: list[str]) -> None:
     results: dict[str, dict[str, object]] = {}
     for i, checkpoint in enumerate(checkpoints):
         try:
-            model, report = load_model_with_report(checkpoint, dtype="float32")
+            model, report = load_model_with_report(checkpoint, dtype="float32", model_impl="transformers")
         except LoadError as exc:
             results[checkpoint] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
