@@ -47,7 +47,7 @@ rest: install  ## the tests no tox env runs, here in .venv; fails if a test woul
 # test runs in exactly one place: scripts/test_places.py), then each distribution's tests in its tox env.
 test: lint typecheck docs rest tox
 
-soak: install  ## the tests marked soak (30 s of loads racing a process that truncates the checkpoint: no SIGBUS)
+soak: install  ## the tests marked soak (30 s of loads racing a truncating process; the cache races, 20 rounds)
 	LOADER_SOAK=1 OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -m soak
 
 docs: install  ## generated pages current, every hook / API name / CLI flag documented, then the site (seconds)

@@ -5,7 +5,8 @@ the tensor table, and a load needs only the table: stepping over them took
 most of a header's parse in a Python loop, little of it in the few lines of C
 in ``length_prefixed.c`` (beside this module), compiled on first use and
 cached like the packing helpers (:mod:`loader._native_build`). Without a
-compiler the same loop runs in Python; both give the same answer.
+compiler, or a cache folder to build in, the same loop runs in Python; both
+give the same answer.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from ._native_build import compiler, load_library
+from ._cache_root import warn_cache_not_written
+from ._native_build import CacheNotWritten, cache_folder, compiler, load_library
 
 __all__ = ["u64_prefixed_end"]
 
@@ -40,10 +42,10 @@ def _compiled() -> Any | None:
         if found is None:
             return None
         try:
-            library = load_library(found, SOURCE)
-            if library.loader_records_abi() != _ABI:
-                raise OSError(f"{library._name} is not ABI {_ABI}")
+            library = load_library(found, SOURCE, ("loader_records_abi", _ABI)).library
         except (OSError, subprocess.SubprocessError) as error:
+            if isinstance(error, CacheNotWritten):
+                warn_cache_not_written(cache_folder(), error)
             log.debug("walking length-prefixed records in Python: %s", error)
             return None
         walk = library.loader_u64_prefixed_end

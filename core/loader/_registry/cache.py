@@ -7,7 +7,9 @@ with ``os.replace``, so a reader sees either no file or a whole one, and two
 processes probing at once both leave a valid file (the last one wins; they
 hold the same answer). A file that cannot be parsed or does not match its key
 is ignored, and the next store rewrites it. The cache is an optimisation: a
-folder that cannot be written only costs a probe next time.
+folder that cannot be written only costs a probe next time. What was ignored
+or not written is in :attr:`ProbeCache.notes`, and a folder that cannot be
+written is warned about once per process (:func:`loader._cache_root.warn_cache_not_written`).
 
 An entry also records the source fingerprint of every package in the class's
 MRO (a base class from another plugin); a changed one makes the entry stale.
@@ -27,7 +29,7 @@ from pathlib import Path
 import attrs
 
 from .._atomic_file import replaced_atomically
-from .._cache_root import cache_root
+from .._cache_root import cache_root, warn_cache_not_written
 from .capabilities import ModelInfo, ModelInfoError
 from .entry import RegisteredModel
 from .fingerprint import source_fingerprint
@@ -49,6 +51,8 @@ class ProbeCache:
     """Read and write probe results in ``directory``."""
 
     directory: Path = attrs.field(factory=default_cache_dir)
+    notes: list[str] = attrs.field(factory=list, eq=False, repr=False)
+    """Entries found but not used (damaged, for another key, stale) and entries not written, with why."""
 
     def path_for(self, entry: RegisteredModel, key: str) -> Path:
         return self.directory / f"{_safe_name(entry)}-{key[:40]}.json"
@@ -79,14 +83,19 @@ class ProbeCache:
             if not isinstance(stored, dict):
                 raise ModelInfoError("packages must be an object")
         except (ValueError, TypeError) as exc:  # json.JSONDecodeError and ModelInfoError are ValueErrors
-            log.debug("ignoring corrupt model-info cache file %s: %s", path, exc)
+            self._ignored(path, str(exc))
             return None
         if info.architecture != entry.architecture:
+            self._ignored(path, f"written for architecture {info.architecture!r}")
             return None
         if any(fingerprint(package) != digest for package, digest in stored.items()):
-            log.debug("model-info cache file %s is stale: a package of the class's MRO changed", path)
+            self._ignored(path, "stale: a package of the class's MRO changed")
             return None
         return info
+
+    def _ignored(self, path: Path, why: str) -> None:
+        self.notes.append(f"{path.name} ignored: {why}")
+        log.debug("ignoring model-info cache file %s: %s", path, why)
 
     def store(self, entry: RegisteredModel, key: str, info: ModelInfo, packages: Iterable[str] = (),
               fingerprint: Callable[[str], str | None] = source_fingerprint) -> None:
@@ -103,7 +112,8 @@ class ProbeCache:
                 json.dump(payload, handle, indent=1, sort_keys=True)
             self._prune(entry, keep=path)
         except OSError as exc:
-            log.debug("cannot write model-info cache file %s: %s", path, exc)
+            self.notes.append(f"{path.name} not written: {exc}")
+            warn_cache_not_written(self.directory, exc)
 
     def _prune(self, entry: RegisteredModel, keep: Path) -> None:
         """Remove ``entry``'s architecture's other entries: written under keys that no longer apply."""

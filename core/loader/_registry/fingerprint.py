@@ -6,8 +6,12 @@ other class in its MRO (a base class from another plugin: :func:`mro_packages`,
 recorded by the probe and checked when the cache is read), on the code that reads
 the class (``loader._interfaces`` and the probe itself) and on the versions of
 Python, torch and loader-core. Sources are fingerprinted by ``(path, size,
-mtime_ns)`` of every ``.py`` file, found with ``importlib.util.find_spec`` on the
-top-level package, which locates the files without importing anything. Torch's
+mtime_ns, inode, ctime_ns)`` of every ``.py`` file, found with
+``importlib.util.find_spec`` on the top-level package, which locates the files
+without importing anything: a file rewritten in place with its size and mtime
+put back still has a new ctime (the kernel sets it; no caller can), and a file
+replaced by a copy has a new inode. Contents are not read (a digest of every
+source would cost each ``loader models`` a read of every plugin). Torch's
 version is read from its distribution metadata, never by importing torch.
 """
 
@@ -68,7 +72,8 @@ def _stat_digest(paths: Iterable[str]) -> str:
             st = os.stat(path)
         except OSError:
             continue
-        digest.update(f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        digest.update(f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\0{st.st_ctime_ns}\n"
+                      .encode())
     return digest.hexdigest()
 
 

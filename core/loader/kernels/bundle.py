@@ -19,8 +19,9 @@ torch or an edited packer misses instead of loading stale bytes.
 Writing: a load that packed anything it did not find writes a new bundle holding every unit it used
 (:func:`~loader.kernels.bundle_file.write_bundle`: temporary file, fsync, rename), then removes the least
 recently used bundles of its folder beyond ``max_bytes``. A bundle that cannot be read, does not match or
-cannot be written is noted (:meth:`PackedBundle.describe`, for the load report) and the load packs as it
-would without one: a bundle never fails a load.
+cannot be written is noted (:meth:`PackedBundle.describe`, for the load report; a folder that cannot be
+written is also warned about once per process, :func:`loader._cache_root.warn_cache_not_written`) and the load
+packs as it would without one: a bundle never fails a load.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any
 
 import torch
 
+from .._cache_root import warn_cache_not_written
 from .bundle_file import Built, prune, read_bundle, touch, write_bundle
 from .fingerprint import packed_layout_fingerprint
 
@@ -186,6 +188,7 @@ class PackedBundle:
             write_bundle(self.path, self._magic, self._identity, self._used)
         except OSError as exc:
             self.notes.append(f"{self.path.name} not written: {exc}")
+            warn_cache_not_written(self.folder, exc)
             return
         self.written = True
         try:

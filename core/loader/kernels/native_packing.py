@@ -15,8 +15,8 @@ How: the first load that packs compiles the source with the system C compiler
 named by a hash of the source, compiler, flags and machine, and loads it with
 :mod:`ctypes`; later processes load the cached file (:mod:`loader._native_build`:
 written to a temporary name and moved into place, so processes compiling at
-once all end with a whole file; a cached file that no longer loads is built
-again once).
+once all end with a whole file; a cached file that no longer loads, or is of
+another ABI version, is built again once, and :attr:`NativeRepack.note` says why).
 
 Fallback: every function here has a torch implementation that writes the same
 bytes (:mod:`loader.kernels.int8_cpu`, and the GGUF plugin's half-split
@@ -24,7 +24,9 @@ packer for the Q4_0/Q4_1 helpers; the tests compare them byte for byte).
 :func:`native_repack` returns ``None`` —
 and those run — when ``LOADER_NATIVE_REPACK=0``, when no compiler is found or
 it fails, or when the library cannot be loaded; :func:`native_repack_unavailable_reason` says
-which, and a failure is logged once as a warning.
+which, and a failure is logged once as a warning (a cache folder that cannot be
+written, through :func:`loader._cache_root.warn_cache_not_written`, the one warning
+every cache gives).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ from pathlib import Path
 
 import torch
 
-from .._native_build import build_library, load_library
+from .._cache_root import warn_cache_not_written
+from .._native_build import CacheNotWritten, build_library, cache_folder, load_library
 from .._native_build import compiler as find_compiler
 from .._settings import NATIVE_REPACK
 
@@ -61,8 +64,10 @@ _i64 = ctypes.c_int64
 class NativeRepack:
     """The compiled helpers, each taking torch tensors and checking what the C cannot (dtype, device, sizes)."""
 
-    def __init__(self, library: ctypes.CDLL, path: Path) -> None:
+    def __init__(self, library: ctypes.CDLL, path: Path, note: str | None = None) -> None:
         self.path = path
+        self.note = note
+        """Why the cached library was built again in this process (``None``: it was used as found, or new)."""
         self.simd = bool(library.loader_repack_simd())
         self._half_split = library.loader_int4pack_half_split
         self._half_split.argtypes = [_u8, _u8, _i64, _i64, _i64, _i64, _i64, _u8]
@@ -151,6 +156,9 @@ def _check_layout(rows: int, block_n: int, out: torch.Tensor, size: int) -> None
 _reason: str | None = None
 _build_lock = threading.Lock()
 """Held while the helpers are found or built: layers post-processed on two threads ask at once."""
+_rebuilt: dict[Path, str] = {}
+"""The libraries this process built again, and why: a second thread that asked at once (and waited for the
+lock) finds the new file whole, and its answer must carry the same note."""
 
 
 def native_repack_unavailable_reason() -> str | None:
@@ -177,11 +185,14 @@ def _find_or_build() -> NativeRepack | None:
         log.warning("packing with torch only (slower loads): %s", _reason)
         return None
     try:
-        library = load_library(compiler, SOURCE)
-        if library.loader_repack_abi() != _ABI:
-            raise OSError(f"{library._name} is not ABI {_ABI}")
-        return NativeRepack(library, Path(library._name))
+        found = load_library(compiler, SOURCE, ("loader_repack_abi", _ABI))
     except (OSError, subprocess.SubprocessError) as error:
         _reason = f"the native repack helpers could not be built or loaded: {error}"
-        log.warning("packing with torch only (slower loads): %s", _reason)
+        if isinstance(error, CacheNotWritten):
+            warn_cache_not_written(cache_folder(), error)
+        else:
+            log.warning("packing with torch only (slower loads): %s", _reason)
         return None
+    if found.rebuilt is not None:
+        _rebuilt[found.path] = f"rebuilt {found.path.name}: {found.rebuilt}"
+    return NativeRepack(found.library, found.path, _rebuilt.get(found.path))
