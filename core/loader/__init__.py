@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     __version__: str | None
     from ._pipeline.load import LoadReport, load_model, load_model_with_report
     from ._registry import ModelInfo, model_info
+    from ._updates.reload import reload_weights
+    from ._updates.update import UpdateReport, update_weights, weights_version
 
 __all__ = [
     "CheckpointFormatError",
@@ -48,12 +50,16 @@ __all__ = [
     "UnexpectedWeightError",
     "UnknownArchitectureError",
     "UnsupportedError",
+    "UpdateReport",
     "__version__",
     "errors",
     "hookimpl",
     "load_model",
     "load_model_with_report",
     "model_info",
+    "reload_weights",
+    "update_weights",
+    "weights_version",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, globals(), {
@@ -63,4 +69,8 @@ __getattr__, __dir__ = lazy_exports(__name__, globals(), {
     "LoadReport": "._pipeline.load",
     "model_info": "._registry",
     "ModelInfo": "._registry",
+    "update_weights": "._updates.update",
+    "UpdateReport": "._updates.update",
+    "weights_version": "._updates.update",
+    "reload_weights": "._updates.reload",
 })

@@ -45,6 +45,7 @@ import os
 import sys
 import threading
 from collections.abc import Iterator
+from contextvars import ContextVar
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +71,7 @@ __all__ = [
     "min_map_bytes",
     "own_region",
     "region_budget",
+    "writes_in_place",
 ]
 
 MAP_WEIGHTS_ENV = MAP_WEIGHTS.name
@@ -116,7 +118,24 @@ _libc = _load_libc()
 
 def mapping_enabled() -> bool:
     """Whether CPU loads may map checkpoint files (``LOADER_MAP_WEIGHTS``, on by default, Linux only)."""
-    return MAP_WEIGHTS.read() and _libc is not None
+    return MAP_WEIGHTS.read() and _libc is not None and not _in_place.get()
+
+
+_in_place: ContextVar[bool] = ContextVar("loader_writes_in_place", default=False)
+
+
+@contextlib.contextmanager
+def writes_in_place() -> Iterator[None]:
+    """Map nothing in the block: every fill copies into the parameter's storage, which stays where it is.
+
+    A weight update keeps every parameter's storage (references, optimizers and CUDA graphs hold it);
+    writing into a parameter that is mapped copies the pages written, and never reaches the file.
+    """
+    token = _in_place.set(True)
+    try:
+        yield
+    finally:
+        _in_place.reset(token)
 
 
 def min_map_bytes() -> int:

@@ -28,6 +28,7 @@ from torch import nn
 
 from .. import _distributed, _hooks
 from .._context import ModelContext
+from .._load_record import LoadRecord, remember_load
 from .._mapped_parameters import background_population
 from .._options import LoadOptions, check_model_impl, parse_dtype
 from .._plugins import PluginHost, current_plugin_host
@@ -329,6 +330,8 @@ def _build_and_fill(prepared: PreparedCheckpoint, options: LoadOptions, progress
     else:
         loaded = _load_weights(model, stream, arch)
     check_all_filled(model, loaded, prepared.source.display())
+    remember_load(model, LoadRecord(prepared.source.location, options, host, quant_config, current_session().tp_rank,
+                                    current_session().tp_size, prepared.hf_config))
     if not weight_format.post_processed:
         with torch.no_grad():
             _hooks.process_weights_after_loading(model, quant_config, options.device, host)

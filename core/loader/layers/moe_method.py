@@ -96,6 +96,10 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
         """Dense experts: the checkpoint (or the quantization's skip list) keeps them unquantized."""
         return KernelChoice("dense")
 
+    def weight_update_refusal(self, layer: nn.Module) -> str | None:
+        """Dense experts are plain copies: an update writes them in place."""
+        return None
+
     def apply(self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,  # type: ignore[override]
               topk_ids: torch.Tensor) -> torch.Tensor:
         w13 = cast(torch.Tensor, layer.w13_weight)

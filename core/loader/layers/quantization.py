@@ -37,19 +37,9 @@ if TYPE_CHECKING:
 
     from ..weights import WeightStream
 
-__all__ = [
-    "EmbeddingMethodBase",
-    "EmbeddingShape",
-    "LinearMethodBase",
-    "LinearShape",
-    "QuantizationConfig",
-    "QuantizeMethodBase",
-    "UnquantizedLinearMethod",
-    "WeightLoader",
-    "embedding_method_for",
-    "linear_method_for",
-    "method_name_of", "quant_method_asked",
-]
+__all__ = ["EmbeddingMethodBase", "EmbeddingShape", "LinearMethodBase", "LinearShape", "QuantizationConfig",
+           "QuantizeMethodBase", "UnquantizedLinearMethod", "WeightLoader", "embedding_method_for",
+           "linear_method_for", "method_name_of", "quant_method_asked"]
 
 _PACKED_MODULES = "_loader_packed_modules"
 
@@ -244,6 +234,12 @@ class QuantizeMethodBase(abc.ABC):
     def process_weights_after_loading(self, layer: nn.Module) -> None:  # noqa: B027 - optional step
         """Finish the layout after loading (repack, permute); default: nothing."""
 
+    def weight_update_refusal(self, layer: nn.Module) -> str | None:
+        """Why ``loader.update_weights`` cannot write new tensors into ``layer``; ``None`` when the weight loaders
+        write in place and a second :meth:`process_weights_after_loading` (run on each layer written) keeps every
+        parameter's storage. Default: refused, as a method that does not say it can."""
+        return f"its quantize method {type(self).__name__} does not take new weights in place"
+
     def layer_plan(self, layer: nn.Module) -> KernelChoice | None:
         """What this layer would run with, decided from its shapes and the config alone, or ``None`` when only
         its weights can tell.
@@ -326,6 +322,10 @@ class UnquantizedLinearMethod(LinearMethodBase):
     def layer_plan(self, layer: nn.Module) -> KernelChoice | None:
         """A dense layer: the checkpoint (or the quantization's skip list) keeps it unquantized."""
         return KernelChoice("dense")
+
+    def weight_update_refusal(self, layer: nn.Module) -> str | None:
+        """Dense weights are plain copies: an update writes them in place."""
+        return None
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         from typing import cast

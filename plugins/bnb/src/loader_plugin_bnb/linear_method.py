@@ -177,6 +177,14 @@ class BitsAndBytesLinearMethod(LinearMethodBase):
             codes.nested, codes.nested_parts = nested.ranges, []
         codes.finished = True
 
+    def weight_update_refusal(self, layer: nn.Module) -> str | None:
+        """New float weights are quantized in place as at load (same blocks, codes and ``absmax``), and the
+        finished layer needs no step after; double-quantized scales are nested once, at load, and cannot be."""
+        if self.config.double_quant:
+            return ("its bitsandbytes block scales are double-quantized (double_quant), which is done once at load; "
+                    "load without double_quant to update it")
+        return None
+
     # -- forward -----------------------------------------------------------------------------------
 
     def float_absmax(self, layer: nn.Module) -> torch.Tensor:
