@@ -38,8 +38,8 @@ def test_qk_norms_exist_only_for_qwen3():
 
 def test_unknown_tensor_is_refused_by_name():
     with pytest.raises(UnexpectedWeightError,
-                       match=r"tensor 'blk\.0\.ffn_gate_exps\.weight' in f\.gguf: no 'llama' model parameter"):
-        name_mapper("llama", 1).hf_name("blk.0.ffn_gate_exps.weight", "f.gguf")
+                       match=r"tensor 'blk\.0\.ffn_gate_shexp\.weight' in f\.gguf: no 'llama' model parameter"):
+        name_mapper("llama", 1).hf_name("blk.0.ffn_gate_shexp.weight", "f.gguf")
 
 
 def test_block_beyond_block_count_is_refused():
@@ -69,3 +69,18 @@ def test_mapping_comes_from_gguf_py_for_every_hf_module():
 def test_unknown_architecture_is_refused():
     with pytest.raises(UnsupportedError, match="GGUF architecture 'nonesuch' is unknown to gguf-py"):
         gguf_arch("nonesuch")
+
+
+@pytest.mark.parametrize(("arch", "gate", "gate_exps", "shared"), [
+    ("llama", "block_sparse_moe.gate", "block_sparse_moe.experts.w1", None),
+    ("qwen2moe", "mlp.gate", "mlp.experts.gate_proj", "mlp.shared_expert_gate"),
+    ("qwen3moe", "mlp.gate", "mlp.experts.gate_proj", None),
+])
+def test_expert_tensors_take_each_architectures_hf_names(arch, gate, gate_exps, shared):
+    """Mixtral's own names for a llama file (its model renames block_sparse_moe to mlp), Qwen's for qwen*moe;
+    the 3-D tensors keep no expert index (the weight stream splits them per expert)."""
+    mapper = name_mapper(arch, 2)
+    assert mapper.hf_name("blk.1.ffn_gate_inp.weight", "f.gguf") == f"model.layers.1.{gate}.weight"
+    assert mapper.hf_name("blk.1.ffn_gate_exps.weight", "f.gguf") == f"model.layers.1.{gate_exps}.weight"
+    if shared is not None:
+        assert mapper.hf_name("blk.1.ffn_gate_inp_shexp.weight", "f.gguf") == f"model.layers.1.{shared}.weight"

@@ -56,9 +56,9 @@ def test_rope_freqs_is_skipped(tmp_path):
 
 
 def test_unknown_tensor_is_refused_by_name(tmp_path):
-    path = write(tmp_path / "u.gguf", {"blk.0.ffn_gate_inp.weight": (np.ones((2, 4), np.float32), None)})
+    path = write(tmp_path / "u.gguf", {"blk.0.ffn_gate_shexp.weight": (np.ones((2, 4), np.float32), None)})
     with pytest.raises(UnexpectedWeightError,
-                       match=r"tensor 'blk\.0\.ffn_gate_inp\.weight' in .*u\.gguf: no 'llama' model parameter"):
+                       match=r"tensor 'blk\.0\.ffn_gate_shexp\.weight' in .*u\.gguf: no 'llama' model parameter"):
         list(iter_gguf_weights([path], ReadStats()))
 
 

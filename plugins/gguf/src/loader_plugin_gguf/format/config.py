@@ -5,7 +5,9 @@ made where the file is silent or differs from HF, each matching what ``transform
 when it loads the same file, so logits agree:
 
 * ``general.architecture`` ``llama`` covers Llama and Mistral (llama.cpp converts both to
-  ``llama`` and stores no sliding window): both load as ``LlamaForCausalLM``;
+  ``llama`` and stores no sliding window): both load as ``LlamaForCausalLM``; with experts it is
+  Mixtral (``MixtralForCausalLM``); ``qwen2moe`` / ``qwen3moe`` are Qwen2-MoE / Qwen3-MoE, their expert
+  fields read by :mod:`.moe_config`;
 * floats (``rms_norm_eps``, ``rope_theta``) are stored as float32 and read back as the exact
   float32 value (``1e-5`` arrives as ``9.99999974e-06``), as ``transformers`` reads them;
 * ``vocab_size`` is absent from Qwen2 files: the token list's length is used;
@@ -30,13 +32,16 @@ from loader.errors import ConfigError, UnknownArchitectureError, UnsupportedErro
 from loader.weights import ReadStats
 
 from .header import GGUFHeader, GGUFStrings, read_header
+from .moe_config import moe_fields
 from .rope_freqs import llama3_scaling_from_divisors
 from .tensors import GGUFTensor, MappedFile
 
 __all__ = ["ARCHITECTURES", "ROTARY_PERMUTED", "attention_heads", "hf_config", "hf_config_of_files", "vocab_size"]
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-"""``general.architecture`` -> the HF architecture our model plugins register."""
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "qwen2moe": "Qwen2MoeForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM"}
+"""``general.architecture`` -> the HF architecture our model plugins register (a ``llama`` file with experts:
+``MixtralForCausalLM``)."""
 
 ROTARY_PERMUTED = frozenset({"llama"})
 """Architectures whose q/k rows llama.cpp's converter interleaves for its rotary kernel."""
@@ -180,6 +185,7 @@ def hf_config(header: GGUFHeader, tensor_names: frozenset[str] | None = None) ->
         config["attention_bias"] = "blk.0.attn_q.bias" in names
     if arch == "qwen2":
         config["use_sliding_window"] = False
+    config.update(moe_fields(header, meta, names) or {})
     for field, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                        ("pad_token_id", "padding_token_id")):
         value = header.metadata.get(f"tokenizer.ggml.{key}")

@@ -4,9 +4,10 @@ gguf-py's ``TensorNameMap`` maps, for one GGUF architecture, every known source-
 spelling of a module (``model.layers.{bid}.self_attn.q_proj``, ``transformer.h.{bid}.attn``,
 ...) to its GGUF name (``blk.{bid}.attn_q``). That table is many-to-one, so it cannot be
 reversed blindly; what we add is only the Hugging Face side: the module names our model
-classes accept (:data:`HF_MODULES`, the ``LlamaForCausalLM`` family layout). Each is looked up
-in gguf-py's table for the file's architecture, and the GGUF template it maps to is kept as
-the reverse entry. A GGUF name that no accepted HF module maps to is refused by name.
+classes accept (:data:`HF_MODULES`, the ``LlamaForCausalLM`` family layout, and for
+mixture-of-experts files :data:`EXPERT_MODULES`). Each is looked up in gguf-py's table for the
+file's architecture, and the GGUF template it maps to is kept as the reverse entry. A GGUF name
+that no accepted HF module maps to is refused by name.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from gguf.tensor_mapping import TensorNameMap
 
 from loader.errors import UnexpectedWeightError, UnsupportedError
 
-__all__ = ["HF_MODULES", "ROTARY_TABLES", "NameMapper", "name_mapper"]
+__all__ = ["EXPERT_MODULES", "HF_MODULES", "ROTARY_TABLES", "NameMapper", "name_mapper"]
 
 HF_MODULES = (
     "model.embed_tokens",
@@ -39,6 +40,30 @@ HF_MODULES = (
     "model.layers.{bid}.mlp.down_proj",
 )
 """Module names (without ``.weight``/``.bias``) of the Llama-shaped families our models load."""
+
+_QWEN_EXPERTS = (
+    "model.layers.{bid}.mlp.gate",
+    "model.layers.{bid}.mlp.experts.gate_proj",
+    "model.layers.{bid}.mlp.experts.up_proj",
+    "model.layers.{bid}.mlp.experts.down_proj",
+    "model.layers.{bid}.mlp.shared_expert.gate_proj",
+    "model.layers.{bid}.mlp.shared_expert.up_proj",
+    "model.layers.{bid}.mlp.shared_expert.down_proj",
+    "model.layers.{bid}.mlp.shared_expert_gate",
+)
+EXPERT_MODULES: dict[str, tuple[str, ...]] = {
+    # Mixtral's own checkpoint names (its model renames block_sparse_moe to mlp): experts w1/w2/w3
+    "llama": (
+        "model.layers.{bid}.block_sparse_moe.gate",
+        "model.layers.{bid}.block_sparse_moe.experts.w1",
+        "model.layers.{bid}.block_sparse_moe.experts.w3",
+        "model.layers.{bid}.block_sparse_moe.experts.w2",
+    ),
+    "qwen2moe": _QWEN_EXPERTS,
+    "qwen3moe": _QWEN_EXPERTS,
+}
+"""The router, the 3-D tensors of every expert (named without an expert index) and Qwen2-MoE's shared expert,
+as each architecture's HF model names them; architectures without experts have none."""
 
 ROTARY_TABLES = (MODEL_TENSOR.ROPE_FREQS, MODEL_TENSOR.ATTN_ROT_EMBD)
 """Precomputed rotary tables llama.cpp may store; the model computes its own (see config)."""
@@ -97,7 +122,7 @@ def name_mapper(arch: str, block_count: int) -> NameMapper:
     """The mapper for ``arch``; built from a one-block ``TensorNameMap`` (cheap) and cached."""
     table = TensorNameMap(gguf_arch(arch), 1)
     to_hf: dict[str, str] = {}
-    for hf in HF_MODULES:
+    for hf in (*HF_MODULES, *EXPERT_MODULES.get(arch, ())):
         found = table.get_type_and_name(hf.format(bid=0))
         if found is None:
             continue  # the architecture has no such tensor (q_norm outside Qwen3)

@@ -4,7 +4,9 @@ For every tensor of every file (split sets in order) it maps the GGUF name to th
 (:mod:`.names`), undoes the q/k row interleave llama.cpp applies to Llama-family rotary
 projections (lazily, with :func:`loader.weights.interleaved_to_half_rotary`, so a TP rank
 still reads only its own heads), skips precomputed rotary tables, and refuses tensors whose
-ggml type cannot be dequantized before anything is read.
+ggml type cannot be dequantized before anything is read. A mixture-of-experts layer's 3-D
+tensors of every expert come out as one 2-D tensor per expert, under the per-expert names
+``transformers`` writes (:mod:`.experts`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from loader.weights import CheckpointTensor, ReadStats, interleaved_to_half_rota
 
 from .config import ARCHITECTURES, ROTARY_PERMUTED, attention_heads
 from .dequantize import SUPPORTED_TYPES, is_supported
+from .experts import EXPERT_TENSOR, RowVector, split_experts
 from .header import GGUFHeader, read_header
 from .names import name_mapper
 from .tensors import GGUFTensor, MappedFile
@@ -36,6 +39,8 @@ def iter_gguf_weights(files: Sequence[str], stats: ReadStats) -> Iterator[tuple[
     mapper = name_mapper(arch, blocks if isinstance(blocks, int) else 0)
     permuted = arch in ROTARY_PERMUTED
     heads, kv_heads = attention_heads(first) if permuted else (0, 0)
+    count = first.metadata.get(f"{arch}.expert_count")
+    expert_count = count if isinstance(count, int) and not isinstance(count, bool) else None
     for header in headers:
         mapped = MappedFile(header.path)
         for info in header.tensors:
@@ -47,8 +52,13 @@ def iter_gguf_weights(files: Sequence[str], stats: ReadStats) -> Iterator[tuple[
                     f"tensor {info.name!r} in {header.path}: ggml type {info.type_name} cannot be "
                     f"dequantized; supported: {', '.join(SUPPORTED_TYPES)}"
                 )
+            if EXPERT_TENSOR.match(info.name):
+                yield from split_experts(info, mapped, stats, hf, expert_count)
+                continue
             tensor: CheckpointTensor = GGUFTensor(info, mapped, stats, hf)
-            if permuted and ".self_attn.q_proj." in hf:
+            if hf.endswith(".shared_expert_gate.weight") and len(info.shape) == 1:
+                tensor = RowVector(tensor)  # the one-row gate stored as a vector
+            elif permuted and ".self_attn.q_proj." in hf:
                 tensor = interleaved_to_half_rotary(tensor, heads)
             elif permuted and ".self_attn.k_proj." in hf:
                 tensor = interleaved_to_half_rotary(tensor, kv_heads)

@@ -17,7 +17,7 @@ import attrs
 import torch
 
 from loader.kernels import KernelChoice, PackedBundle, native_repack, native_repack_unavailable_reason
-from loader.layers import LinearBase, ParallelLMHead, QuantizationConfig, VocabParallelEmbedding
+from loader.layers import FusedMoE, LinearBase, ParallelLMHead, QuantizationConfig, VocabParallelEmbedding
 from loader.models import current_session
 from loader.weights import CheckpointTensor, ReadStats
 
@@ -26,6 +26,7 @@ from ..format.weight_stream import iter_gguf_weights
 from .bundle_keys import cache_requested, open_bundle
 from .embedding import GGUFEmbeddingMethod, GGUFHeadMethod
 from .embedding_store import HEAD_KERNEL_TYPES
+from .experts_method import GGUFExpertsMethod
 from .linear_method import GGUFLinearMethod
 from .options import METHOD_NAME, dtype_name, kernel_dtype_for, kernel_dtype_requested, packing_requested
 
@@ -128,7 +129,10 @@ class GGUFQuantConfig(QuantizationConfig):
     def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
         """:class:`~.linear_method.GGUFLinearMethod` for every parallel linear layer,
         :class:`~.embedding.GGUFEmbeddingMethod` for the token embedding and
-        :class:`~.embedding.GGUFHeadMethod` for an untied output head."""
+        :class:`~.embedding.GGUFHeadMethod` for an untied output head, :class:`~.experts_method.GGUFExpertsMethod`
+        for a mixture-of-experts layer's experts."""
+        if isinstance(layer, FusedMoE):
+            return GGUFExpertsMethod(self)
         if isinstance(layer, LinearBase):
             return GGUFLinearMethod(self)
         if isinstance(layer, ParallelLMHead):

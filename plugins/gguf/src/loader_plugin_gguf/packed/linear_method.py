@@ -84,7 +84,6 @@ from .decide import Decision, decide, dense_dtype
 from .linear_state import GGUFLayerState, LayerSegment, RankSplit
 from .options import FALLBACK, METHOD_NAME, dtype_name, kernel_dtype_for
 from .plan import fill_from_header
-from .q4_blocks import GROUP_SIZE
 from .segments import apply_segments, current_segments, keep_segments
 
 if TYPE_CHECKING:
@@ -220,13 +219,8 @@ class GGUFLinearMethod(LinearMethodBase):
         if state.choice.kernel not in ("int4", "int4x2"):
             return None
         # read from the buffer dict, not Module.__getattr__, and wrapped once: a decode call reads it every time
-        data, scales_and_zeros = linear_packing.packed_buffers(layer)
-        cached = state.int4
-        if cached is None or cached.data is not data or cached.scales_and_zeros is not scales_and_zeros:
-            # every input column the kernel reads: the layer's own, or all of them for a row window
-            cached = Int4CpuWeight(data, scales_and_zeros, GROUP_SIZE, int(scales_and_zeros.shape[0]) * GROUP_SIZE)
-            state.int4 = cached
-        return linear_packing.kernel_weight(state.choice.kernel, cached)
+        state.int4 = linear_packing.current_packed(layer, "", state.int4)
+        return linear_packing.kernel_weight(state.choice.kernel, state.int4)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x W^T + b``; a layer keeping its rows over every input column gathers ``x`` and pads with zeros.

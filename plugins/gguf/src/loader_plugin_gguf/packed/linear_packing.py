@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 
     from .config import GGUFQuantConfig
 
-__all__ = ["dense_weight", "keep_packed", "kernel_weight", "pack_int4_parts", "pack_int8_parts", "packed_bytes",
-           "packed_weight"]
+__all__ = ["current_packed", "dense_weight", "keep_packed", "kernel_weight", "pack_int4_parts", "pack_int8_parts",
+           "packed_bytes", "packed_weight"]
 
 _HALF_SPLIT_NAMES = tuple(t.name for t in HALF_SPLIT_TYPES)
 
@@ -110,6 +110,16 @@ def kernel_weight(kernel: str, packed: Int4CpuWeight) -> Int4CpuWeight | Int8Gro
 def packed_bytes(kernel: str, rows: int, cols: int, dtype: torch.dtype) -> int:
     """What :func:`keep_packed` will hold, from the shape alone (the ``int4x2`` planes: twice the rows)."""
     return int4_packed_bytes(2 * rows if kernel == "int4x2" else rows, cols, dtype)
+
+
+def current_packed(layer: nn.Module, prefix: str, cached: Int4CpuWeight | None) -> Int4CpuWeight:
+    """The int4 weight over ``layer``'s current ``{prefix}packed_*`` buffers: ``cached`` while it still wraps
+    them, else a new wrapper (a ``module.to`` replaces buffers; a decode step asks on every call)."""
+    data, scales_and_zeros = packed_buffers(layer, prefix)
+    if cached is None or cached.data is not data or cached.scales_and_zeros is not scales_and_zeros:
+        # every input column the kernel reads: the layer's own, or all of them for a row window
+        cached = Int4CpuWeight(data, scales_and_zeros, GROUP_SIZE, int(scales_and_zeros.shape[0]) * GROUP_SIZE)
+    return cached
 
 
 def packed_buffers(layer: nn.Module, prefix: str = "") -> tuple[torch.Tensor, torch.Tensor]:
