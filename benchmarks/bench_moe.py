@@ -1,4 +1,4 @@
-"""Mixture-of-experts: load and decode of a Qwen3-MoE-shaped 1.1 GB checkpoint, loader against transformers.
+"""Mixture-of-experts: load and decode of a Qwen3-MoE-shaped 1.3 GB checkpoint, loader against transformers.
 
 ``python benchmarks/bench_moe.py [--reps 5] [--decode-reps 3] [--tokens 32]``:
 
@@ -9,6 +9,11 @@
 - decode: greedy steps through a KV cache after a 32-token prompt, on 2 threads, loader's forward against
   transformers' own on the same weights (bf16), each in a fresh process, alternating; tokens per second of
   the steps after the prompt.
+
+- with ``--gguf``: the same weights as a Q4_0 GGUF (:mod:`benchmarks.moe_gguf`), loader's packed experts
+  (``quantization="gguf"``, float32 activations) against llama.cpp (``llama-cpp-python`` built from source by
+  ``benchmarks/llamacpp_venv.py``), through ``bench_gguf_packed.py``'s children: load, peak RSS, decode tok/s
+  on ``--threads`` threads after SmolLM2's chat prompt.
 
 The checkpoint is written by transformers (:mod:`benchmarks.moe_checkpoint`). The section goes to
 ``benchmarks/RESULTS.md`` between ``<!-- moe -->`` markers, which ``run_all.py`` carries over.
@@ -138,6 +143,46 @@ def render(load: dict[str, dict[str, Any]], decode: dict[str, list[dict[str, Any
     return "\n".join(lines) + "\n"
 
 
+def measure_gguf(folder: Path, reps: int, tokens: int, threads: int) -> tuple[Path, dict[str, list[dict[str, Any]]]]:
+    """loader's packed experts and llama.cpp on the Q4_0 GGUF twin, ``reps`` fresh processes each, alternating."""
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    from fetch_smollm2 import fetch_smollm2
+
+    from benchmarks.bench_gguf_packed import LLAMA_CPP, QUESTION, run_once
+    from benchmarks.llamacpp_venv import llamacpp_python
+    from benchmarks.moe_gguf import ensure_moe_gguf
+    from loader._generation import encode_prompt, tokenizer_for
+
+    smollm2 = Path(fetch_smollm2())
+    path = ensure_moe_gguf(folder, smollm2)
+    prompt = encode_prompt(tokenizer_for(str(smollm2)), QUESTION, chat=True)
+    llamacpp = llamacpp_python()
+    path.read_bytes()  # page cache warm for both
+    runs: dict[str, list[dict[str, Any]]] = {"packed": [], LLAMA_CPP: []}
+    for rep in range(reps):
+        for name in (list(runs) if rep % 2 == 0 else list(runs)[::-1]):
+            runs[name].append(run_once(name, path, prompt, tokens, threads, llamacpp))
+    return path, runs
+
+
+def render_gguf(path: Path, runs: dict[str, list[dict[str, Any]]], threads: int) -> str:
+    """The GGUF part of the section."""
+    lines = ["", f"Q4_0 GGUF of the same weights (`{path.name}`, {path.stat().st_size / 1e9:.2f} GB, written with "
+             f"gguf-py), {len(runs['packed'])} fresh processes per side, alternating, {threads} threads, SmolLM2's "
+             "chat prompt (the model is random: the text is not meant to read).", "",
+             "| path | load s | peak RSS | prefill s | decode tok/s |", "|---|---:|---:|---:|---:|"]
+    for name, records in runs.items():
+        label = "loader, experts packed (int4)" if name == "packed" else name
+        lines.append(f"| {label} | {_med([r['load_s'] for r in records]):.3f} | "
+                     f"{_med([r['peak_rss'] for r in records]) / 2**20:,.0f} MiB | "
+                     f"{_med([r['prefill_s'] for r in records]):.3f} | "
+                     f"{_med([r['decode_tok_s'] for r in records]):.2f} |")
+    ratio = _med([r["decode_tok_s"] for r in runs["packed"]]) / _med(
+        [r["decode_tok_s"] for r in list(runs.values())[1]])
+    lines += ["", f"loader's packed experts decode at {ratio:.2f}x llama.cpp's tokens per second."]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     args_list = sys.argv[1:] if argv is None else argv
     if args_list and args_list[0] == "--decode-child":
@@ -147,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--decode-reps", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--gguf", action="store_true", help="also the Q4_0 GGUF twin: loader packed vs llama.cpp")
+    parser.add_argument("--threads", type=int, default=2, help="threads for the GGUF decode (torch = llama.cpp)")
     parser.add_argument("--out-dir", type=Path, default=BENCH_DIR / "out")
     parser.add_argument("--results", type=Path, default=BENCH_DIR / "RESULTS.md")
     args = parser.parse_args(args_list)
@@ -157,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
                             args.out_dir, 900)
     decode = measure_decode(folder, max(1, args.decode_reps), args.tokens)
     section = render(load, decode, folder, meta)
+    if args.gguf:
+        section += render_gguf(*measure_gguf(folder, max(1, args.decode_reps), args.tokens, args.threads),
+                               args.threads)
     write_section(args.results, TAG, section)
     print(section)
     return 0

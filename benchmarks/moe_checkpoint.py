@@ -2,7 +2,8 @@
 
 ``transformers`` writes per-expert tensors (``mlp.experts.E.gate_proj.weight``) while its modules hold fused
 3-D experts, so the file layout is exactly what a Hub checkpoint has. The shape is a scaled-down
-Qwen3-30B-A3B (32 experts of 384, 4 chosen per token, q/k norms, GQA 16/4) sized to about 1.1 GB in bf16;
+Qwen3-30B-A3B (32 experts of 384, 4 chosen per token, q/k norms, GQA 16/4; SmolLM2's 49152-token vocabulary,
+so its GGUF twin carries a tokenizer llama.cpp accepts) sized to about 1.3 GB in bf16;
 the router weights are random (``transformers`` starts them at zero, where every expert would tie). Cached
 under ``benchmarks/out/`` with a marker naming the shape, as the Llama benchmark checkpoints are.
 """
@@ -16,7 +17,7 @@ from typing import Any
 __all__ = ["MOE_SHAPE", "ensure_moe_checkpoint", "moe_config"]
 
 MOE_SHAPE: dict[str, Any] = {
-    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 32000,
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 49152,
     "hidden_size": 1024, "intermediate_size": 2048, "num_hidden_layers": 12, "num_attention_heads": 16,
     "num_key_value_heads": 4, "head_dim": 64, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
     "rope_theta": 1000000.0, "tie_word_embeddings": False, "num_experts": 32, "num_experts_per_tok": 4,
