@@ -33,8 +33,12 @@ from .lazy import lazy_exports
 if TYPE_CHECKING:
     __version__: str | None
     from ._pipeline.load import LoadReport, load_model, load_model_with_report
+    from ._process_group import set_tensor_parallel_group
     from ._registry import ModelInfo, model_info
+    from ._updates.receiving import update_weights_from_distributed
     from ._updates.reload import reload_weights
+    from ._updates.sending import send_weights
+    from ._updates.transfer import WeightSpec, weight_specs
     from ._updates.update import UpdateReport, update_weights, weights_version
 
 __all__ = [
@@ -51,6 +55,7 @@ __all__ = [
     "UnknownArchitectureError",
     "UnsupportedError",
     "UpdateReport",
+    "WeightSpec",
     "__version__",
     "errors",
     "hookimpl",
@@ -58,7 +63,11 @@ __all__ = [
     "load_model_with_report",
     "model_info",
     "reload_weights",
+    "send_weights",
+    "set_tensor_parallel_group",
     "update_weights",
+    "update_weights_from_distributed",
+    "weight_specs",
     "weights_version",
 ]
 
@@ -73,4 +82,9 @@ __getattr__, __dir__ = lazy_exports(__name__, globals(), {
     "UpdateReport": "._updates.update",
     "weights_version": "._updates.update",
     "reload_weights": "._updates.reload",
+    "update_weights_from_distributed": "._updates.receiving",
+    "send_weights": "._updates.sending",
+    "WeightSpec": "._updates.transfer",
+    "weight_specs": "._updates.transfer",
+    "set_tensor_parallel_group": "._process_group",
 })

@@ -1,7 +1,9 @@
 """Tensor-parallel rank, world size and collectives over ``torch.distributed``.
 
 The process group always comes from ``torchrun`` (``RANK``/``WORLD_SIZE``/
-``MASTER_ADDR`` in the environment); loader never builds its own groups. At
+``MASTER_ADDR`` in the environment); loader never builds its own groups. The
+collectives run over the tensor parallel group: torch's default group, or the
+one a user named with :func:`loader.set_tensor_parallel_group`. At
 a group size of 1 every collective is a no-op, so single-process code pays
 nothing.
 
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from ._process_group import group_rank, group_size
+from ._process_group import group_rank, group_size, tensor_parallel_group
 from ._session import current_session, load_session
 from .errors import ConfigError, UnsupportedError
 
@@ -120,7 +122,7 @@ def _needs_upcast(t: torch.Tensor) -> bool:
 
 
 def all_reduce(t: torch.Tensor) -> torch.Tensor:
-    """Sum ``t`` over all ranks (in place when possible) and return the sum."""
+    """Sum ``t`` over the tensor parallel group's ranks (in place when possible) and return the sum."""
     if group_size() == 1:
         return t
     import torch
@@ -128,9 +130,9 @@ def all_reduce(t: torch.Tensor) -> torch.Tensor:
 
     if _needs_upcast(t):
         wide = t.to(torch.float32)
-        dist.all_reduce(wide)
+        dist.all_reduce(wide, group=tensor_parallel_group())
         return wide.to(t.dtype)
-    dist.all_reduce(t)
+    dist.all_reduce(t, group=tensor_parallel_group())
     return t
 
 
@@ -144,7 +146,7 @@ def all_gather(t: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
     src = t.contiguous()
     parts = [torch.empty_like(src) for _ in range(world)]
-    dist.all_gather(parts, src)
+    dist.all_gather(parts, src, group=tensor_parallel_group())
     return torch.cat(parts, dim=dim)
 
 

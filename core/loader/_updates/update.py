@@ -31,7 +31,8 @@ from .driving import CountingStream, drive
 from .tracking import WriteTracker, check_storage_kept, reprocess, storage_addresses, tracked_writes
 from .update_tensor import as_update_stream
 
-__all__ = ["UpdateReport", "apply_stream", "bump_version", "exclusive_update", "update_weights", "weights_version"]
+__all__ = ["UpdateReport", "apply_stream", "bump_version", "exclusive_update", "probe", "update_weights",
+           "weights_version"]
 
 _VERSION = "_loader_weights_version"
 _LOCK = "_loader_update_lock"
@@ -107,7 +108,7 @@ def _with_note(exc: LoadError, note: str) -> LoadError:
         return LoadError(f"{exc}; {note}")
 
 
-def _probe(model: nn.Module, weights: Mapping[str, torch.Tensor], tracker: WriteTracker, strict: bool,
+def probe(model: nn.Module, weights: Mapping[str, torch.Tensor], tracker: WriteTracker, strict: bool,
            skipped: dict[str, None]) -> None:
     """Run every tensor of ``weights`` through the model as a probe: all checks, no write."""
     try:
@@ -160,7 +161,7 @@ def update_weights(model: nn.Module, weights: Mapping[str, Any] | Iterable[tuple
         skipped: dict[str, None] = {}
         with tracked_writes(model) as tracker, torch.no_grad(), writes_in_place():
             if checkable is not None:
-                _probe(model, checkable, tracker, strict, skipped)
+                probe(model, checkable, tracker, strict, skipped)
                 pairs = [(name, value) for name, value in checkable.items() if name not in skipped]
             stream = apply_stream(model, as_update_stream(iter(pairs)), tracker, strict=strict, skipped=skipped)
             reprocessed = reprocess(tracker)
