@@ -122,6 +122,15 @@ class PackedLinearMethod(LinearMethodBase):
         state.kernel = kernel
         self.config.kernel_log[state.geometry.prefix] = kernel.choice
 
+    def weight_update_refusal(self, layer: nn.Module) -> str | None:
+        """Refused, by what the load did: it repacked the checkpoint tensors into the kernel's own buffers and
+        removed them, so new checkpoint tensors have no parameter to land in (repacking into the existing
+        buffers is not built)."""
+        state = self.layer_state(layer, PackedLayerState)
+        kernel = f"the {state.kernel.choice.kernel} kernel's" if state.kernel is not None else "its kernel's"
+        return (f"its quantize method {type(self).__name__} repacked the checkpoint tensors ({', '.join(state.names)})"
+                f" into {kernel} buffers at load, which replaced them; load the new checkpoint with loader.load_model")
+
     def layer_plan(self, layer: nn.Module) -> KernelChoice | None:
         """The kernel this layer will get on the load's device, from its shapes (``loader inspect --layers``)."""
         state = self.layer_state(layer, PackedLayerState)
