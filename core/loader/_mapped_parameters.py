@@ -20,9 +20,11 @@ modulo 2 MiB (``mmap`` needs it modulo the page size; the huge folios need
 2 MiB). The parameter's storage moves there (``param.data = ...``, so every reference to
 the parameter sees it); whole pages are mapped from the file over the region
 with ``MAP_FIXED | MAP_PRIVATE``; the partial first and last pages are read.
-The other parts of a fused parameter (k and v after q, up after gate) map too
-when congruent — writers put tensors back to back, so when tensor sizes are
-multiples of 4 KiB every tensor of a file is — and are read otherwise. A
+The other parts of a fused parameter (k and v after q, up after gate, every
+expert's gate, up and down in a 3-D expert parameter) map too when congruent —
+writers put tensors back to back, so when tensor sizes are multiples of 4 KiB
+every tensor of a file is — and are read otherwise, or when the process's
+budget of memory maps (:mod:`loader._map_budget`) cannot pay for them. A
 parameter only moves while no page of its region is resident (``mincore``):
 nothing has been written to it, so nothing is lost.
 
@@ -39,18 +41,17 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import mmap
 import os
-import sys
-import threading
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ._file_reads import pread_exactly, truncated_error
-from ._io_pool import run_in_pool
+from ._libc import libc
+from ._map_budget import MAPS_PER_REGION, MapsSpent, part_maps
+from ._page_population import populate_soon
 from ._settings import MAP_MIN_BYTES, MAP_WEIGHTS
 from .errors import CheckpointFormatError, LoadError
 
@@ -63,14 +64,12 @@ __all__ = [
     "MAP_WEIGHTS_ENV",
     "MIN_MAP_BYTES",
     "MIN_MAP_BYTES_ENV",
-    "background_population",
     "fill_parameter",
     "is_file_backed",
     "map_into_parameter",
     "mapping_enabled",
     "min_map_bytes",
     "own_region",
-    "region_budget",
     "writes_in_place",
 ]
 
@@ -82,43 +81,13 @@ system calls) and share one arena."""
 
 _PAGE = mmap.PAGESIZE
 _HUGE_PAGE = 2 << 20
-_MADV_POPULATE_READ = 22  # Linux 5.14+; older kernels answer EINVAL and the pages fault in on first use
 _MADV_NOHUGEPAGE = getattr(mmap, "MADV_NOHUGEPAGE", 15)
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 
 
-class _Libc:
-    """``mmap``, ``madvise`` and ``mincore`` from the C library, or ``None`` where they are missing."""
-
-    def __init__(self) -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        self.mmap = libc.mmap
-        self.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_long]
-        self.mmap.restype = ctypes.c_void_p
-        self.madvise = libc.madvise
-        self.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        self.madvise.restype = ctypes.c_int
-        self.mincore = libc.mincore
-        self.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-        self.mincore.restype = ctypes.c_int
-
-
-def _load_libc() -> _Libc | None:
-    if not sys.platform.startswith("linux") or ctypes.sizeof(ctypes.c_void_p) != 8:
-        return None
-    try:
-        return _Libc()
-    except (OSError, AttributeError):
-        return None
-
-
-_libc = _load_libc()
-
-
 def mapping_enabled() -> bool:
     """Whether CPU loads may map checkpoint files (``LOADER_MAP_WEIGHTS``, on by default, Linux only)."""
-    return MAP_WEIGHTS.read() and _libc is not None and not _in_place.get()
+    return MAP_WEIGHTS.read() and libc is not None and not _in_place.get()
 
 
 _in_place: ContextVar[bool] = ContextVar("loader_writes_in_place", default=False)
@@ -143,37 +112,43 @@ def min_map_bytes() -> int:
     return MAP_MIN_BYTES.read()
 
 
-_MAPS_PER_REGION = 8
-"""Memory maps a region can end up split into: the region, a few mapped parts, the small pages between."""
+_MAPS_OF_A_REGION = 3
+"""Maps a fresh region is: the slack before its huge-page span, the span, the tail."""
 
+_MIN_PART_BYTES = 64 << 10
+"""Inside a region, parts of at least this many bytes (or :func:`min_map_bytes`, if lower) map: the threshold
+that decides which tensors get a region does not apply to their parts (an expert's part is often smaller), since
+:data:`~loader._map_budget.part_maps` bounds their maps; below this a read costs less than the system calls."""
 
-def region_budget() -> int:
-    """How many tensors may get a region of their own without running into ``vm.max_map_count``.
-
-    Every mapped part and every page advised apart splits the region's memory
-    map; a checkpoint with tens of thousands of large tensors (a mixture of
-    experts) would otherwise exhaust the kernel's per-process limit (65530 by
-    default), and every ``mmap`` after that fails. Half of what is left is used.
-    """
-    try:
-        with open("/proc/sys/vm/max_map_count", encoding="ascii") as fh:
-            limit = int(fh.read().strip())
-        with open("/proc/self/maps", "rb") as fh:
-            used = sum(1 for _ in fh)
-    except (OSError, ValueError):
-        return 1 << 30
-    return max(0, (limit - used) // 2 // _MAPS_PER_REGION)
+Locate = Callable[["torch.Tensor"], "torch.Tensor"]
+"""Where in a parameter's data a checkpoint tensor lands: a contiguous view of the data it is given."""
 
 
 class _Region:
     """A tensor's own memory: ``memory`` spans the tensor plus 2 MiB, so its start can still move."""
 
-    __slots__ = ("mapped", "memory", "placed")
+    __slots__ = ("cuts", "mapped", "memory", "placed", "spent")
 
     def __init__(self, memory: torch.Tensor) -> None:
         self.memory = memory
         self.placed = False  # where the tensor starts is decided (it moved, or could not)
         self.mapped = False  # some checkpoint bytes are file pages
+        self.cuts: set[int] = set()  # addresses where mapped parts split the region into more maps
+        self.spent = MapsSpent()  # what its parts took from the process's budget beyond MAPS_PER_REGION
+
+    def pay(self, cuts: set[int]) -> bool:
+        """Account for a part splitting the region at ``cuts``; ``False`` when the process's budget cannot pay.
+
+        Each new cut adds at most one map (none where the kernel merges neighbours, which is not counted on);
+        what the region then holds beyond :data:`~loader._map_budget.MAPS_PER_REGION` is paid from the budget.
+        """
+        new = cuts - self.cuts
+        over = _MAPS_OF_A_REGION + len(self.cuts) + len(new) - MAPS_PER_REGION
+        charged = min(len(new), max(0, over))
+        if charged and not self.spent.spend(part_maps, charged):
+            return False
+        self.cuts |= new
+        return True
 
 
 def own_region(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -198,7 +173,9 @@ def own_region(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
             buffer.madvise(mmap.MADV_HUGEPAGE, skip, advised)
     memory = whole[skip:skip + usable]
     tensor = memory[:nbytes].view(dtype).view(shape)
-    tensor._loader_region = _Region(memory)  # type: ignore[attr-defined]
+    region = _Region(memory)
+    weakref.finalize(buffer, region.spent.give_back)  # the region's maps end with its memory
+    tensor._loader_region = region  # type: ignore[attr-defined]
     return tensor
 
 
@@ -208,40 +185,58 @@ def is_file_backed(tensor: torch.Tensor) -> bool:
     return isinstance(region, _Region) and region.mapped
 
 
-def fill_parameter(param: torch.Tensor, loaded: CheckpointTensor, dim: int | None = None, offset: int = 0) -> None:
-    """Write ``loaded`` into ``param`` (or into ``param.narrow(dim, offset, loaded.shape[dim])``).
+def fill_parameter(param: torch.Tensor, loaded: CheckpointTensor, dim: int | None = None, offset: int = 0, *,
+                   locate: Locate | None = None) -> None:
+    """Write ``loaded`` into ``param`` (or into ``param.narrow(dim, offset, loaded.shape[dim])``, or into
+    ``locate(param.data)``: any contiguous view, such as an expert's rows of a 3-D parameter).
 
     Maps the file when :func:`map_into_parameter` can, else ``loaded.read_into``.
     Weight loaders call this instead of ``read_into(param.data...)`` so that
-    the parameter may move: read ``param.data`` again afterwards.
+    the parameter may move: read ``param.data`` again afterwards. ``locate``
+    is called on the parameter's data as it is then, for the same reason.
     """
-    if map_into_parameter(param, loaded, dim, offset):
-        return
-    loaded.read_into(param.data if dim is None else param.data.narrow(dim, offset, loaded.shape[dim]))
+    where = _locator(loaded, dim, offset, locate)
+    if not map_into_parameter(param, loaded, locate=where):
+        loaded.read_into(where(param.data))
+
+
+def _locator(loaded: CheckpointTensor, dim: int | None, offset: int, locate: Locate | None) -> Locate:
+    """``locate``, or the narrowing ``dim``/``offset`` describe, as one callable."""
+    if locate is not None:
+        if dim is not None:
+            raise ValueError("fill_parameter takes dim and offset, or locate, not both")
+        return locate
+    if dim is None:
+        return lambda data: data
+    length = loaded.shape[dim]
+    return lambda data: data.narrow(dim, offset, length)
 
 
 def map_into_parameter(param: torch.Tensor, loaded: CheckpointTensor, dim: int | None = None,
-                       offset: int = 0) -> bool:
+                       offset: int = 0, *, locate: Locate | None = None) -> bool:
     """Make ``param``'s pages for ``loaded`` the file's pages; ``False`` (nothing done) when it cannot.
 
     It cannot unless mapping is enabled, ``param`` has a region of its own
     (:func:`own_region`), ``loaded`` has a :class:`~loader.weights.FileSpan`
-    of at least :func:`min_map_bytes` in ``param``'s dtype, the destination is
-    contiguous, and the destination's address can be made congruent to the
-    file offset.
+    in ``param``'s dtype of at least :data:`_MIN_PART_BYTES` (or
+    :func:`min_map_bytes`, if lower), the destination (as in
+    :func:`fill_parameter`) is contiguous and inside ``param``, its address
+    can be made congruent to the file offset, and the process's budget of
+    memory maps (:mod:`loader._map_budget`) pays for a part beyond the
+    region's allowance.
     """
     region = getattr(param, "_loader_region", None)
     if not isinstance(region, _Region) or not mapping_enabled():
         return False
+    where = _locator(loaded, dim, offset, locate)
     data = param.data
     if data.device.type != "cpu" or data.dtype != loaded.dtype or not data.is_contiguous():
         return False
     span = loaded.file_span()
-    if span is None or span.nbytes < min_map_bytes() or span.offset % data.element_size():
+    if span is None or span.nbytes < min(_MIN_PART_BYTES, min_map_bytes()) or span.offset % data.element_size():
         return False
-    destination = data if dim is None else data.narrow(dim, offset, loaded.shape[dim])
-    if (not destination.is_contiguous() or tuple(destination.shape) != tuple(loaded.shape)
-            or destination.numel() * destination.element_size() != span.nbytes):
+    destination = where(data)
+    if not _lands_inside(destination, data, loaded, span.nbytes):
         return False
     if not region.placed:
         region.placed = True
@@ -251,41 +246,53 @@ def map_into_parameter(param: torch.Tensor, loaded: CheckpointTensor, dim: int |
             nbytes = data.numel() * data.element_size()
             param.data = region.memory[phase:phase + nbytes].view(data.dtype).view(data.shape)
             data = param.data
-            destination = data if dim is None else data.narrow(dim, offset, loaded.shape[dim])
+            destination = where(data)
     if (destination.data_ptr() - span.offset) % _PAGE:
         return False
     start, end = destination.data_ptr(), destination.data_ptr() + span.nbytes
     data_end = data.data_ptr() + data.numel() * data.element_size()
     # Around the parameter lies slack of its own region: a partial first or last page can be mapped
     # whole. Between two parts of a fused parameter it holds bytes of the other part: it is read.
-    mapped = _map_span(start, span, loaded, whole_first_page=start == data.data_ptr(),
+    mapped = _map_span(start, span, loaded, region, whole_first_page=start == data.data_ptr(),
                        whole_last_page=end == data_end)
     region.mapped = region.mapped or mapped
     return mapped
 
 
+def _lands_inside(destination: torch.Tensor, data: torch.Tensor, loaded: CheckpointTensor, nbytes: int) -> bool:
+    """Whether ``destination`` is one contiguous run of ``nbytes`` within ``data``, shaped as ``loaded``."""
+    start = destination.data_ptr()
+    return (destination.is_contiguous() and tuple(destination.shape) == tuple(loaded.shape)
+            and destination.dtype == data.dtype and destination.numel() * destination.element_size() == nbytes
+            and data.data_ptr() <= start and start + nbytes <= data.data_ptr() + data.numel() * data.element_size())
+
+
 def _untouched(memory: torch.Tensor) -> bool:
     """True when no page of ``memory`` (page-aligned at its start) is resident: nothing was written there."""
-    assert _libc is not None
+    assert libc is not None
     start = memory.data_ptr()
     length = memory.numel()
     if start % _PAGE:
         return False
     pages = -(-length // _PAGE)
     vector = (ctypes.c_ubyte * pages)()
-    if _libc.mincore(start, length, vector) != 0:
+    if libc.mincore(start, length, vector) != 0:
         return False
     return bytes(vector).count(0) == pages  # bit 0 of each byte: resident
 
 
-def _map_span(address: int, span: FileSpan, loaded: CheckpointTensor, *, whole_first_page: bool,
+def _map_span(address: int, span: FileSpan, loaded: CheckpointTensor, region: _Region, *, whole_first_page: bool,
               whole_last_page: bool) -> bool:
-    """Map the pages of ``span`` at ``address`` (congruent to its offset); read partial pages shared with others."""
-    assert _libc is not None
+    """Map the pages of ``span`` at ``address`` (congruent to its offset); read partial pages shared with others.
+
+    The region pays for the maps it may add before anything is mapped; a refused mapping leaves anonymous
+    memory in their place (:func:`_map_fixed`), so what was paid stays spent.
+    """
+    assert libc is not None
     end = address + span.nbytes
     map_start = address // _PAGE * _PAGE if whole_first_page else -(-address // _PAGE) * _PAGE
     map_end = -(-end // _PAGE) * _PAGE if whole_last_page else end // _PAGE * _PAGE
-    if map_end <= map_start:
+    if map_end <= map_start or not region.pay(_cuts(address, end, map_start, map_end)):
         return False
     try:
         fd = os.open(span.path, _OPEN_FLAGS)
@@ -297,7 +304,7 @@ def _map_span(address: int, span: FileSpan, loaded: CheckpointTensor, *, whole_f
             raise truncated_error(span.path, f"tensor {loaded.name!r}", size, span.offset + span.nbytes)
         if not _map_fixed(map_start, map_end - map_start, fd, span.offset + (map_start - address)):
             return False
-        _populate_soon(map_start, map_end - map_start, loaded)
+        populate_soon(map_start, map_end - map_start, loaded)
         _pread_exact(fd, address, map_start - address, span.offset, loaded)
         _pread_exact(fd, map_end, end - map_end, span.offset + (map_end - address), loaded)
     finally:
@@ -307,34 +314,31 @@ def _map_span(address: int, span: FileSpan, loaded: CheckpointTensor, *, whole_f
     return True
 
 
+def _cuts(address: int, end: int, map_start: int, map_end: int) -> set[int]:
+    """Where mapping ``[map_start, map_end)`` for the part ``[address, end)`` splits memory into maps: both ends
+    of the mapping, and the outer edge of a partial page at either end, advised apart (:func:`_pread_exact`)."""
+    cuts = {map_start, map_end}
+    if map_start > address:
+        cuts.add(map_start - _PAGE)
+    if map_end < end:
+        cuts.add(map_end + _PAGE)
+    return cuts
+
+
 def _map_fixed(address: int, length: int, fd: int, file_offset: int) -> bool:
     """Map ``length`` bytes of ``fd`` over our own region at ``address``; ``False`` if the kernel refuses."""
-    assert _libc is not None
+    assert libc is not None
     prot = mmap.PROT_READ | mmap.PROT_WRITE
     fixed = getattr(mmap, "MAP_FIXED", 0x10)
-    got = _libc.mmap(address, length, prot, mmap.MAP_PRIVATE | fixed, fd, file_offset)
+    got = libc.mmap(address, length, prot, mmap.MAP_PRIVATE | fixed, fd, file_offset)
     if got == address:
         return True
     # A failed MAP_FIXED may already have unmapped the range: put anonymous memory back, then copy instead.
     anonymous = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20) | fixed
-    if _libc.mmap(address, length, prot, anonymous, -1, 0) != address:
+    if libc.mmap(address, length, prot, anonymous, -1, 0) != address:
         code = ctypes.get_errno()
         raise LoadError(f"could not restore parameter memory after a failed mapping: {os.strerror(code)}")
     return False
-
-
-def _populate(address: int, length: int, loaded: CheckpointTensor) -> None:
-    """Fault the mapped pages in now (shared with the page cache), so the load ends with them resident."""
-    assert _libc is not None
-    if _libc.madvise(address, length, _MADV_POPULATE_READ) == 0:
-        return
-    code = ctypes.get_errno()
-    if code in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
-        return  # an older kernel: pages fault in on first use instead
-    if code == errno.EFAULT:  # the kernel's answer where touching the page would have been a SIGBUS
-        raise CheckpointFormatError(f"{loaded.describe()}: the file's pages are gone: the file was truncated "
-                                    "while it was being loaded")
-    raise CheckpointFormatError(f"{loaded.describe()}: cannot read the file's pages: {os.strerror(code)}")
 
 
 def _pread_exact(fd: int, address: int, length: int, offset: int, loaded: CheckpointTensor) -> None:
@@ -343,55 +347,8 @@ def _pread_exact(fd: int, address: int, length: int, offset: int, loaded: Checkp
     page: benchmarks/RESULTS.md), so the page is first taken out of that advice."""
     if length <= 0:
         return
-    assert _libc is not None
+    assert libc is not None
     page = address // _PAGE * _PAGE
-    _libc.madvise(page, -(-(address + length) // _PAGE) * _PAGE - page, _MADV_NOHUGEPAGE)
+    libc.madvise(page, -(-(address + length) // _PAGE) * _PAGE - page, _MADV_NOHUGEPAGE)
     target: Any = (ctypes.c_ubyte * length).from_address(address)
     pread_exactly(fd, memoryview(target).cast("B"), offset, loaded.file, f"tensor {loaded.name!r}")
-
-
-# --- populating page tables after the mapping -------------------------------------------------
-#
-# Mapping makes a parameter's contents right at once; populating only makes
-# the pages present, so that the first forward pass does not fault them in.
-# It costs about what copying would, runs in the
-# kernel without the GIL and splits across threads, but it holds the address
-# space lock that ``mmap`` needs: run while parameters are still being mapped,
-# it slows every ``mmap`` call down as much as it saves. So inside a load the
-# ranges are collected and populated together on a thread pool when the
-# weights are all in place (:func:`background_population`).
-
-_POPULATE_CHUNK = 32 << 20
-_scope = threading.local()
-
-
-@contextlib.contextmanager
-def background_population() -> Iterator[None]:
-    """Defer populating mapped pages to the end of the block, then do it on a thread pool and wait.
-
-    A failure to read the file's pages (an I/O error) is raised there. Outside
-    such a block, pages are populated before :func:`fill_parameter` returns.
-    """
-    outer = getattr(_scope, "pending", None)
-    pending: list[tuple[int, int, CheckpointTensor]] = []
-    _scope.pending = pending
-    try:
-        yield
-    finally:
-        _scope.pending = outer
-    _populate_all(pending)
-
-
-def _populate_all(ranges: list[tuple[int, int, CheckpointTensor]]) -> None:
-    """Populate ``ranges`` in pieces of :data:`_POPULATE_CHUNK` on the shared I/O pool."""
-    run_in_pool([partial(_populate, start, min(_POPULATE_CHUNK, address + length - start), loaded)
-                 for address, length, loaded in ranges
-                 for start in range(address, address + length, _POPULATE_CHUNK)])
-
-
-def _populate_soon(address: int, length: int, loaded: CheckpointTensor) -> None:
-    pending: list[tuple[int, int, CheckpointTensor]] | None = getattr(_scope, "pending", None)
-    if pending is None:
-        _populate(address, length, loaded)
-    else:
-        pending.append((address, length, loaded))

@@ -93,7 +93,8 @@ MAP_WEIGHTS = Setting(
 MAP_MIN_BYTES = Setting(
     "LOADER_MAP_MIN_BYTES", integer(0, unit="bytes"), default=1 << 20,
     doc="CPU tensors at least this large get memory of their own and may be mapped; smaller ones are copied "
-        "into a shared arena")
+        "into a shared arena. Parts landing inside such a tensor (a fused projection's, an expert's) map from "
+        "64 KiB, or from this size if lower")
 SKIP_MEMORY_CHECK = Setting(
     "LOADER_SKIP_MEMORY_CHECK", FLAG, default=False,
     doc="`1`: do not refuse models whose parameters exceed the device's free memory (overcommitted hosts, "

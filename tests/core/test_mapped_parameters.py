@@ -1,12 +1,10 @@
 """Parameters whose pages are mapped from the checkpoint file (loader._mapped_parameters).
 
-A raw file of bf16 values stands in for a format: :class:`RawFileTensor` offers
-its bytes as a :class:`FileSpan`, as the safetensors plugin does.
+A raw file of bf16 values stands in for a format (:mod:`tests.helpers.raw_file_tensor`).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -14,68 +12,17 @@ import pytest
 import torch
 from torch import nn
 
+from loader import _map_budget as mb
 from loader import _mapped_parameters as mp
+from loader import _page_population as pp
 from loader._pipeline.materialize import materialize
 from loader.errors import CheckpointFormatError
-from loader.weights import CheckpointTensor, FileSpan, ReadStats
+from loader.weights import CheckpointTensor, ReadStats
+from tests.helpers.raw_file_tensor import RawFileTensor, write_raw
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mapping is Linux-only")
 
 PAGE = 4096
-
-
-class RawFileTensor(CheckpointTensor):
-    """Rows ``[first, first + rows)`` of a ``(total_rows, cols)`` tensor stored raw at ``offset`` of ``path``."""
-
-    def __init__(self, path: Path, offset: int, shape: tuple[int, int], dtype: torch.dtype,
-                 stats: ReadStats | None = None, first: int = 0, rows: int | None = None,
-                 cols: tuple[int, int] | None = None) -> None:
-        self.path, self.offset, self.full, self._dtype, self.stats = path, offset, shape, dtype, stats
-        self.first, self.rows = first, shape[0] if rows is None else rows
-        self.cols = cols or (0, shape[1])
-        self.name, self.file = f"raw@{offset}", str(path)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return (self.rows, self.cols[1])
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self._dtype
-
-    def narrow(self, dim: int, start: int, length: int) -> RawFileTensor:
-        dim = self.check_narrow(dim, start, length)
-        if dim == 0:
-            return RawFileTensor(self.path, self.offset, self.full, self._dtype, self.stats,
-                                 self.first + start, length, self.cols)
-        return RawFileTensor(self.path, self.offset, self.full, self._dtype, self.stats, self.first, self.rows,
-                             (self.cols[0] + start, length))
-
-    def _all(self) -> torch.Tensor:
-        itemsize = torch.empty((), dtype=self._dtype).element_size()
-        data = self.path.read_bytes()[self.offset:self.offset + self.full[0] * self.full[1] * itemsize]
-        return torch.frombuffer(bytearray(data), dtype=self._dtype).view(self.full)
-
-    def read(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        values = self._all()[self.first:self.first + self.rows, self.cols[0]:self.cols[0] + self.cols[1]]
-        return values.to(dtype or self._dtype).clone()
-
-    def file_span(self) -> FileSpan | None:
-        if self.cols != (0, self.full[1]):
-            return None  # an inner-dim narrow is strided in the file
-        itemsize = torch.empty((), dtype=self._dtype).element_size()
-        row = self.full[1] * itemsize
-        return FileSpan(str(self.path), self.offset + self.first * row, self.rows * row, self.stats)
-
-
-def _write(path: Path, tensors: list[torch.Tensor], lead: int, gap: int = 0) -> list[int]:
-    """Write ``lead`` junk bytes, then each tensor's bytes followed by ``gap`` junk bytes; return offsets."""
-    offsets, blob = [], bytearray(os.urandom(lead))
-    for tensor in tensors:
-        offsets.append(len(blob))
-        blob += tensor.contiguous().view(torch.uint8).numpy().tobytes() + os.urandom(gap)
-    path.write_bytes(bytes(blob))
-    return offsets
 
 
 class Holder(nn.Module):
@@ -103,7 +50,7 @@ def _values(rows: int, cols: int = 1024, seed: int = 0) -> torch.Tensor:
 
 def test_a_whole_tensor_is_mapped_bit_exact_and_counted(tmp_path: Path) -> None:
     weight = _values(48)
-    (offset,) = _write(tmp_path / "w.bin", [weight], lead=1234)
+    (offset,) = write_raw(tmp_path / "w.bin", [weight], lead=1234)
     stats = ReadStats()
     param = _materialized((48, 1024)).params[0]
 
@@ -118,7 +65,7 @@ def test_a_whole_tensor_is_mapped_bit_exact_and_counted(tmp_path: Path) -> None:
 
 def test_writing_a_mapped_parameter_leaves_the_file_alone(tmp_path: Path) -> None:
     weight = _values(32)
-    (offset,) = _write(tmp_path / "w.bin", [weight], lead=100)
+    (offset,) = write_raw(tmp_path / "w.bin", [weight], lead=100)
     before = (tmp_path / "w.bin").read_bytes()
     param = _materialized((32, 1024)).params[0]
     mp.fill_parameter(param, RawFileTensor(tmp_path / "w.bin", offset, (32, 1024), torch.bfloat16))
@@ -132,7 +79,7 @@ def test_writing_a_mapped_parameter_leaves_the_file_alone(tmp_path: Path) -> Non
 
 def test_fused_parts_congruent_in_the_file_all_map(tmp_path: Path) -> None:
     q, k, v = _values(16, seed=1), _values(8, seed=2), _values(8, seed=3)
-    offsets = _write(tmp_path / "w.bin", [k, q, v], lead=778)  # file order differs from the fused order
+    offsets = write_raw(tmp_path / "w.bin", [k, q, v], lead=778)  # file order differs from the fused order
     stats = ReadStats()
     param = _materialized((32, 1024)).params[0]
     parts = {"q": (q, offsets[1], 0), "k": (k, offsets[0], 16), "v": (v, offsets[2], 24)}
@@ -149,7 +96,7 @@ def test_fused_parts_congruent_in_the_file_all_map(tmp_path: Path) -> None:
 
 def test_a_part_that_is_not_congruent_is_read_instead(tmp_path: Path) -> None:
     q, k = _values(16, seed=1), _values(16, seed=2)
-    offsets = _write(tmp_path / "w.bin", [q, k], lead=512, gap=6)  # the gap shifts k off q's phase
+    offsets = write_raw(tmp_path / "w.bin", [q, k], lead=512, gap=6)  # the gap shifts k off q's phase
     stats = ReadStats()
     param = _materialized((32, 1024)).params[0]
     mp.fill_parameter(param, RawFileTensor(tmp_path / "w.bin", offsets[0], (16, 1024), torch.bfloat16, stats), 0, 0)
@@ -162,7 +109,7 @@ def test_a_part_that_is_not_congruent_is_read_instead(tmp_path: Path) -> None:
 
 def test_a_parameter_already_written_does_not_move(tmp_path: Path) -> None:
     q, k = _values(16, seed=1), _values(16, seed=2)
-    offsets = _write(tmp_path / "w.bin", [q, k], lead=300)
+    offsets = write_raw(tmp_path / "w.bin", [q, k], lead=300)
     param = _materialized((32, 1024)).params[0]
     address = param.data_ptr()
     with torch.no_grad():
@@ -177,7 +124,7 @@ def test_a_parameter_already_written_does_not_move(tmp_path: Path) -> None:
 
 def test_what_cannot_be_mapped_is_read(tmp_path: Path) -> None:
     weight = _values(32)
-    (offset,) = _write(tmp_path / "w.bin", [weight], lead=64)
+    (offset,) = write_raw(tmp_path / "w.bin", [weight], lead=64)
     loaded = RawFileTensor(tmp_path / "w.bin", offset, (32, 1024), torch.bfloat16)
     model = _materialized((32, 1024), (32, 512), dtype=torch.float32)
 
@@ -191,7 +138,7 @@ def test_what_cannot_be_mapped_is_read(tmp_path: Path) -> None:
 
 def test_a_dim0_narrow_maps_only_this_ranks_rows(tmp_path: Path) -> None:
     weight = _values(64)
-    (offset,) = _write(tmp_path / "w.bin", [weight], lead=4000)
+    (offset,) = write_raw(tmp_path / "w.bin", [weight], lead=4000)
     stats = ReadStats()
     param = _materialized((32, 1024)).params[0]
 
@@ -205,7 +152,7 @@ def test_a_dim0_narrow_maps_only_this_ranks_rows(tmp_path: Path) -> None:
 def test_switched_off_nothing_is_mapped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOADER_MAP_WEIGHTS", "0")
     weight = _values(32)
-    (offset,) = _write(tmp_path / "w.bin", [weight], lead=64)
+    (offset,) = write_raw(tmp_path / "w.bin", [weight], lead=64)
     stats = ReadStats()
     param = _materialized((32, 1024)).params[0]
 
@@ -217,7 +164,7 @@ def test_switched_off_nothing_is_mapped(tmp_path: Path, monkeypatch: pytest.Monk
 
 def test_small_tensors_share_the_arena_and_are_read(tmp_path: Path) -> None:
     weight = _values(2, 512)  # 2 KiB, under the 16 KiB threshold of these tests
-    (offset,) = _write(tmp_path / "w.bin", [weight], lead=64)
+    (offset,) = write_raw(tmp_path / "w.bin", [weight], lead=64)
     param = _materialized((2, 512)).params[0]
 
     mp.fill_parameter(param, RawFileTensor(tmp_path / "w.bin", offset, (2, 512), torch.bfloat16))
@@ -227,7 +174,7 @@ def test_small_tensors_share_the_arena_and_are_read(tmp_path: Path) -> None:
 
 def test_a_file_shorter_than_promised_is_refused_before_mapping(tmp_path: Path) -> None:
     weight = _values(32)
-    (offset,) = _write(tmp_path / "w.bin", [weight], lead=64)
+    (offset,) = write_raw(tmp_path / "w.bin", [weight], lead=64)
     with (tmp_path / "w.bin").open("r+b") as fh:
         fh.truncate(offset + weight.nbytes - 10)
     param = _materialized((32, 1024)).params[0]
@@ -239,18 +186,18 @@ def test_a_file_shorter_than_promised_is_refused_before_mapping(tmp_path: Path) 
 
 def test_population_is_deferred_to_the_end_of_the_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     weights = [_values(32, seed=s) for s in range(3)]
-    offsets = _write(tmp_path / "w.bin", weights, lead=64)
+    offsets = write_raw(tmp_path / "w.bin", weights, lead=64)
     model = _materialized(*[(32, 1024)] * 3)
     populated: list[int] = []
-    real = mp._populate
+    real = pp._populate
 
     def recording(address: int, length: int, loaded: CheckpointTensor) -> None:
         populated.append(length)
         real(address, length, loaded)
 
-    monkeypatch.setattr(mp, "_populate", recording)
+    monkeypatch.setattr(pp, "_populate", recording)
 
-    with mp.background_population():
+    with pp.background_population():
         for param, offset in zip(model.params, offsets, strict=True):
             mp.fill_parameter(param, RawFileTensor(tmp_path / "w.bin", offset, (32, 1024), torch.bfloat16))
         assert populated == [], "nothing populated while parameters are still being mapped"
@@ -261,21 +208,21 @@ def test_population_is_deferred_to_the_end_of_the_block(tmp_path: Path, monkeypa
 
 def test_a_population_failure_is_raised_at_the_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     weight = _values(32)
-    (offset,) = _write(tmp_path / "w.bin", [weight], lead=64)
+    (offset,) = write_raw(tmp_path / "w.bin", [weight], lead=64)
     param = _materialized((32, 1024)).params[0]
 
     def failing(address: int, length: int, loaded: CheckpointTensor) -> None:
         raise CheckpointFormatError(f"{loaded.describe()}: cannot read the file's pages: Input/output error")
 
-    monkeypatch.setattr(mp, "_populate", failing)
+    monkeypatch.setattr(pp, "_populate", failing)
     with pytest.raises(CheckpointFormatError, match="cannot read the file's pages: Input/output error"), \
-            mp.background_population():
+            pp.background_population():
         mp.fill_parameter(param, RawFileTensor(tmp_path / "w.bin", offset, (32, 1024), torch.bfloat16))
 
 
 def test_tied_owners_see_the_moved_parameter(tmp_path: Path) -> None:
     weight = _values(32)
-    (offset,) = _write(tmp_path / "w.bin", [weight], lead=2222)
+    (offset,) = write_raw(tmp_path / "w.bin", [weight], lead=2222)
     with torch.device("meta"):
         embed, head = nn.Embedding(32, 1024, dtype=torch.bfloat16), nn.Linear(1024, 32, bias=False,
                                                                               dtype=torch.bfloat16)
@@ -290,7 +237,7 @@ def test_tied_owners_see_the_moved_parameter(tmp_path: Path) -> None:
 
 def test_values_at_an_odd_offset_are_read_not_mapped(tmp_path: Path) -> None:
     weight = _values(32)
-    (offset,) = _write(tmp_path / "w.bin", [weight], lead=777)  # a bf16 value straddling its alignment
+    (offset,) = write_raw(tmp_path / "w.bin", [weight], lead=777)  # a bf16 value straddling its alignment
     param = _materialized((32, 1024)).params[0]
 
     mp.fill_parameter(param, RawFileTensor(tmp_path / "w.bin", offset, (32, 1024), torch.bfloat16))
@@ -311,4 +258,4 @@ def test_within_the_memory_map_budget_the_largest_tensors_get_regions(monkeypatc
 def test_the_budget_leaves_room_under_the_kernels_map_limit() -> None:
     with open("/proc/sys/vm/max_map_count", encoding="ascii") as fh:
         limit = int(fh.read())
-    assert 0 < mp.region_budget() * 8 <= limit // 2
+    assert 0 < mb.region_budget() * 8 <= limit // 2

@@ -6,12 +6,16 @@ lowered to map every tensor of 4 KiB or more.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import save, save_file
 
 import loader
 from loader import _distributed as distributed
@@ -152,3 +156,86 @@ def test_load_json_reports_the_mapped_bytes(bf16_llama: Path, monkeypatch: pytes
 
     assert main(["load", str(bf16_llama)]) == 0
     assert "page cache pages, not copied" in capsys.readouterr().out
+
+
+# --- mixture of experts: every expert's part lands in a slice of a 3-D parameter ------------------------------
+
+PAGE = 4096
+
+
+def _save_page_aligned(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """A safetensors file whose data starts on a page (the header padded through its metadata)."""
+    pad = 0
+    while True:
+        blob = save(tensors, metadata={"format": "pt", "pad": "x" * pad})
+        start = 8 + int.from_bytes(blob[:8], "little")
+        if start % PAGE == 0:
+            path.write_bytes(blob)
+            return
+        pad += (-start) % PAGE if pad == 0 else 1
+
+
+@pytest.fixture(scope="module")
+def aligned_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen3-MoE in bf16 whose experts sit in a file of their own, each part one whole page."""
+    written = tmp_path_factory.mktemp("qwen3-moe-written")
+    save_checkpoint("qwen3_moe", written, dtype=torch.bfloat16)  # experts of 32 x 64: 4 KiB a part
+    path = tmp_path_factory.mktemp("qwen3-moe-aligned")
+    tensors = _file_tensors(written)
+    files = {name: "experts.safetensors" if ".mlp.experts." in name else "rest.safetensors" for name in tensors}
+    _save_page_aligned({n: t for n, t in tensors.items() if files[n] == "experts.safetensors"},
+                       path / "experts.safetensors")
+    save_file({n: t for n, t in tensors.items() if files[n] == "rest.safetensors"}, str(path / "rest.safetensors"),
+              metadata={"format": "pt"})
+    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": files}))
+    shutil.copy(written / "config.json", path / "config.json")
+    return path
+
+
+def _expert_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p for n, p in model.named_parameters() if n.endswith(("w13_weight", "w2_weight"))}
+
+
+def test_every_expert_part_is_mapped(aligned_moe: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mapped, report = _load(aligned_moe, monkeypatch, mapped=True, dtype="bfloat16")
+    copied, copied_report = _load(aligned_moe, monkeypatch, mapped=False, dtype="bfloat16")
+    experts = _expert_params(mapped)
+    expert_bytes = sum(p.numel() * p.element_size() for p in experts.values())
+
+    assert experts and all(is_file_backed(p) for p in experts.values())
+    assert report.bytes_mapped >= expert_bytes
+    assert copied_report.bytes_mapped == 0
+    _same_state(mapped, copied)
+    files = _file_tensors(aligned_moe)
+    w13 = experts["model.layers.1.mlp.experts.w13_weight"]
+    assert torch.equal(w13[3], torch.cat([files[f"model.layers.1.mlp.experts.3.{p}_proj.weight"]
+                                          for p in ("gate", "up")]))
+
+
+def test_writing_a_mapped_expert_leaves_the_file_alone(aligned_moe: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = hashlib.sha256((aligned_moe / "experts.safetensors").read_bytes()).hexdigest()
+    model, _ = _load(aligned_moe, monkeypatch, mapped=True, dtype="bfloat16")
+    w13 = _expert_params(model)["model.layers.0.mlp.experts.w13_weight"]
+    assert is_file_backed(w13)
+
+    with torch.no_grad():
+        w13[2].fill_(7.0)
+
+    assert bool((w13[2] == 7.0).all())
+    assert hashlib.sha256((aligned_moe / "experts.safetensors").read_bytes()).hexdigest() == before
+    fresh, _ = _load(aligned_moe, monkeypatch, mapped=True, dtype="bfloat16")
+    assert not bool((_expert_params(fresh)["model.layers.0.mlp.experts.w13_weight"][2] == 7.0).all())
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_each_expert_parallel_rank_maps_its_own_experts(aligned_moe: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        rank: int) -> None:
+    with distributed.simulated_tp(rank, 2):
+        mapped, report = _load(aligned_moe, monkeypatch, mapped=True, dtype="bfloat16", enable_expert_parallel=True)
+        copied, _ = _load(aligned_moe, monkeypatch, mapped=False, dtype="bfloat16", enable_expert_parallel=True)
+
+    _same_state(mapped, copied)
+    experts = _expert_params(mapped)
+    assert experts["model.layers.0.mlp.experts.w13_weight"].shape[0] == 2, "two of the four experts"
+    assert all(is_file_backed(p) for p in experts.values())
+    assert report.bytes_mapped >= sum(p.numel() * p.element_size() for p in experts.values())

@@ -29,8 +29,8 @@ from torch import nn
 from .. import _distributed, _hooks
 from .._context import ModelContext
 from .._load_record import LoadRecord, remember_load
-from .._mapped_parameters import background_population
 from .._options import LoadOptions, check_model_impl, parse_dtype
+from .._page_population import background_population
 from .._plugins import PluginHost, current_plugin_host
 from .._session import LoadSession, current_session, load_session
 from ..errors import ConfigError, LoadError, PluginError, UnsupportedError

@@ -26,7 +26,8 @@ import mmap
 import torch
 from torch import nn
 
-from .._mapped_parameters import mapping_enabled, min_map_bytes, own_region, region_budget
+from .._map_budget import region_budget
+from .._mapped_parameters import mapping_enabled, min_map_bytes, own_region
 from ..layers.quantization import QuantizeMethodBase
 
 __all__ = ["materialize", "parameter_bytes"]
@@ -140,7 +141,7 @@ def _arena_groups(entries: list[_Entry]) -> list[list[_Entry]]:
     """The arenas' contents: the tensors kept as they are, then each post-processed layer's.
 
     Consecutive layers share an arena when there are more of them than
-    :func:`~loader._mapped_parameters.region_budget` allows maps for (a
+    :func:`~loader._map_budget.region_budget` allows maps for (a
     quantized mixture of experts can have tens of thousands of layers);
     modules are post-processed in this order, so such an arena is still
     released before the load ends.

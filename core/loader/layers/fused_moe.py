@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 import attrs
@@ -28,6 +29,7 @@ import torch
 from torch import nn
 
 from .. import _distributed
+from .._mapped_parameters import fill_parameter
 from .._session import current_session
 from ..errors import ConfigError, MissingWeightsError, ShapeMismatchError, UnexpectedWeightError, UnsupportedError
 from .expert_placement import place_experts
@@ -142,6 +144,17 @@ def _without_expert_dim(layout: ParamLayout) -> ParamLayout:
 
     return attrs.evolve(layout, output_dim=lower(layout.output_dim), input_dim=lower(layout.input_dim),
                         packed_dim=lower(layout.packed_dim), logical_shape=None)
+
+
+def _expert_rows(data: torch.Tensor, *, index: int, has_expert_dim: bool, dim: int | None,
+                 rows: tuple[int, int]) -> torch.Tensor:
+    """Where local expert ``index``'s part lands in a parameter's ``data``: its rows ``rows`` (offset, size)
+    along ``dim``, of ``data[index]`` or, for a part that keeps the expert dimension, of ``data[index:index+1]``.
+
+    A function of the data rather than a view taken once, since mapping the first part may move the data.
+    """
+    view = data.narrow(0, index, 1) if has_expert_dim else data[index]
+    return view if dim is None else view.narrow(dim, *rows)
 
 
 class FusedMoE(nn.Module):
@@ -287,7 +300,6 @@ class FusedMoE(nn.Module):
                     f"{loaded.describe()}: {self.prefix}.{self._name_of(param)} lands each expert's tensor its own "
                     "way and takes experts one tensor each, not a 3-D tensor of every expert")
             part = split.narrow_part(layout, (1, *shape[1:]), loaded, shard_id)
-            destination = param.data.narrow(0, index, 1)
             output_dim = layout.output_dim
         else:
             flat = _without_expert_dim(layout)
@@ -295,12 +307,11 @@ class FusedMoE(nn.Module):
             if layout.load_part is not None:  # a quantize method's own landing (checks, quantize on load)
                 layout.load_part(param, attrs.evolve(part, expert=index))
                 return
-            destination = param.data[index]
             output_dim = flat.output_dim
-        if output_dim is not None:
-            destination = destination.narrow(output_dim, part.offset, part.size)
-        # copied, never mapped: a mapping per expert part would spend vm.max_map_count by the thousand
-        part.narrowed.read_into(destination)
+        # Mapped from the file where it can be (an expert's rows are one run of bytes in both), each part
+        # paid for from the process's budget of memory maps (loader._map_budget), else copied.
+        fill_parameter(param, part.narrowed, locate=partial(
+            _expert_rows, index=index, has_expert_dim=has_expert_dim, dim=output_dim, rows=(part.offset, part.size)))
 
     def _name_of(self, param: torch.Tensor) -> str:
         for name, own in self.named_parameters(recurse=False):
