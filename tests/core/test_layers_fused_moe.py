@@ -47,6 +47,12 @@ def _reference(x: torch.Tensor, logits: torch.Tensor, weights: dict[str, torch.T
     return out
 
 
+def _inputs(tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded hidden states and router logits: outputs of ~20 need a tolerance relative to their size."""
+    g = torch.Generator().manual_seed(tokens)
+    return torch.randn(tokens, HIDDEN, generator=g), torch.randn(tokens, EXPERTS, generator=g)
+
+
 def _layer(weights: dict[str, torch.Tensor] | None = None, *, prefix: str = "mlp.experts") -> FusedMoE:
     layer = FusedMoE(EXPERTS, TOP_K, HIDDEN, INTER, params_dtype=torch.float32, prefix=prefix)
     if weights is not None:
@@ -121,9 +127,10 @@ def test_vllm_style_mapping_lists_every_part_of_every_expert():
 def test_grouped_forward_equals_the_dense_definition():
     weights = _experts()
     layer = _layer(weights)
-    x, logits = torch.randn(7, HIDDEN), torch.randn(7, EXPERTS)
+    x, logits = _inputs(7)
+    expected = _reference(x, logits, weights)
     with torch.no_grad():
-        assert torch.allclose(layer(x, logits), _reference(x, logits, weights), atol=1e-5)
+        assert torch.allclose(layer(x, logits), expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
     assert layer.loaded_parameters() == {"w13_weight", "w2_weight"}
 
 
@@ -160,7 +167,7 @@ def test_fused_gate_up_tensor_splits_into_gate_then_up():
 @pytest.mark.parametrize("expert_parallel", [False, True])
 def test_two_ranks_partial_outputs_sum_to_one_rank_output(expert_parallel):
     weights = _experts()
-    x, logits = torch.randn(5, HIDDEN), torch.randn(5, EXPERTS)
+    x, logits = _inputs(5)
     full = _layer(weights)(x, logits)
     partial = []
     for rank in range(2):
@@ -168,7 +175,7 @@ def test_two_ranks_partial_outputs_sum_to_one_rank_output(expert_parallel):
             layer = _layer(weights)
         partial.append(layer(x, logits))
         assert layer.loaded_parameters() == {"w13_weight", "w2_weight"}
-    assert torch.allclose(partial[0] + partial[1], full, atol=1e-5)
+    assert torch.allclose(partial[0] + partial[1], full, rtol=1e-5, atol=1e-5 * float(full.abs().max()))
 
 
 def test_expert_parallel_reads_only_this_ranks_experts():
