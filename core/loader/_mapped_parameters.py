@@ -70,6 +70,7 @@ __all__ = [
     "mapping_enabled",
     "min_map_bytes",
     "own_region",
+    "write_pending",
     "writes_in_place",
 ]
 
@@ -127,7 +128,7 @@ Locate = Callable[["torch.Tensor"], "torch.Tensor"]
 class _Region:
     """A tensor's own memory: ``memory`` spans the tensor plus 2 MiB, so its start can still move."""
 
-    __slots__ = ("cuts", "mapped", "memory", "placed", "spent")
+    __slots__ = ("cuts", "mapped", "memory", "pending", "placed", "spent")
 
     def __init__(self, memory: torch.Tensor) -> None:
         self.memory = memory
@@ -135,6 +136,7 @@ class _Region:
         self.mapped = False  # some checkpoint bytes are file pages
         self.cuts: set[int] = set()  # addresses where mapped parts split the region into more maps
         self.spent = MapsSpent()  # what its parts took from the process's budget beyond MAPS_PER_REGION
+        self.pending: list[tuple[Locate, torch.Tensor]] = []  # small parts read before the region is placed
 
     def pay(self, cuts: set[int]) -> bool:
         """Account for a part splitting the region at ``cuts``; ``False`` when the process's budget cannot pay.
@@ -186,7 +188,7 @@ def is_file_backed(tensor: torch.Tensor) -> bool:
 
 
 def fill_parameter(param: torch.Tensor, loaded: CheckpointTensor, dim: int | None = None, offset: int = 0, *,
-                   locate: Locate | None = None) -> None:
+                   locate: Locate | None = None, may_place: bool = True) -> None:
     """Write ``loaded`` into ``param`` (or into ``param.narrow(dim, offset, loaded.shape[dim])``, or into
     ``locate(param.data)``: any contiguous view, such as an expert's rows of a 3-D parameter).
 
@@ -194,10 +196,47 @@ def fill_parameter(param: torch.Tensor, loaded: CheckpointTensor, dim: int | Non
     Weight loaders call this instead of ``read_into(param.data...)`` so that
     the parameter may move: read ``param.data`` again afterwards. ``locate``
     is called on the parameter's data as it is then, for the same reason.
+    ``may_place=False`` (a fused layer's smaller parts) keeps the part from
+    deciding where the parameter's region is placed: it is read aside until a
+    part that may has placed it (:func:`_defer`).
     """
     where = _locator(loaded, dim, offset, locate)
-    if not map_into_parameter(param, loaded, locate=where):
-        loaded.read_into(where(param.data))
+    if map_into_parameter(param, loaded, locate=where, may_place=may_place):
+        return
+    if not may_place and _defer(param, loaded, where):
+        return
+    loaded.read_into(where(param.data))
+
+
+def _defer(param: torch.Tensor, loaded: CheckpointTensor, where: Locate) -> bool:
+    """Keep a part that may not place ``param``'s region aside until a part that may has placed it.
+
+    A fused parameter's parts lie in the file at unrelated page phases (Qwen3's 128-byte ``q_norm`` sits
+    between ``k_proj`` and ``q_proj``), and only parts congruent with where the region is placed can be mapped:
+    placing it for a small first part (``k``) would copy the large ones (``q``, ``v``). Its bytes are read now
+    and written once the region is placed (or at :func:`write_pending`).
+    """
+    region = getattr(param, "_loader_region", None)
+    if not isinstance(region, _Region) or region.placed or not mapping_enabled():
+        return False
+    region.pending.append((where, loaded.read(param.dtype)))
+    return True
+
+
+def write_pending(module: torch.nn.Module) -> None:
+    """Write every part :func:`fill_parameter` kept aside into its parameter (the pipeline calls this once
+    ``load_weights`` is done: a part that may place a region may never have come, or been mapped)."""
+    for param in module.parameters():
+        region = getattr(param, "_loader_region", None)
+        if isinstance(region, _Region) and region.pending:
+            region.placed = True
+            _write_pending(region, param)
+
+
+def _write_pending(region: _Region, param: torch.Tensor) -> None:
+    for where, values in region.pending:
+        where(param.data).copy_(values)
+    region.pending.clear()
 
 
 def _locator(loaded: CheckpointTensor, dim: int | None, offset: int, locate: Locate | None) -> Locate:
@@ -213,7 +252,7 @@ def _locator(loaded: CheckpointTensor, dim: int | None, offset: int, locate: Loc
 
 
 def map_into_parameter(param: torch.Tensor, loaded: CheckpointTensor, dim: int | None = None,
-                       offset: int = 0, *, locate: Locate | None = None) -> bool:
+                       offset: int = 0, *, locate: Locate | None = None, may_place: bool = True) -> bool:
     """Make ``param``'s pages for ``loaded`` the file's pages; ``False`` (nothing done) when it cannot.
 
     It cannot unless mapping is enabled, ``param`` has a region of its own
@@ -239,6 +278,8 @@ def map_into_parameter(param: torch.Tensor, loaded: CheckpointTensor, dim: int |
     if not _lands_inside(destination, data, loaded, span.nbytes):
         return False
     if not region.placed:
+        if not may_place:
+            return False
         region.placed = True
         if _untouched(region.memory):
             inside = destination.data_ptr() - data.data_ptr()
@@ -247,6 +288,7 @@ def map_into_parameter(param: torch.Tensor, loaded: CheckpointTensor, dim: int |
             param.data = region.memory[phase:phase + nbytes].view(data.dtype).view(data.shape)
             data = param.data
             destination = where(data)
+        _write_pending(region, param)
     if (destination.data_ptr() - span.offset) % _PAGE:
         return False
     start, end = destination.data_ptr(), destination.data_ptr() + span.nbytes

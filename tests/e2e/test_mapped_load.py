@@ -239,3 +239,38 @@ def test_each_expert_parallel_rank_maps_its_own_experts(aligned_moe: Path, monke
     assert experts["model.layers.0.mlp.experts.w13_weight"].shape[0] == 2, "two of the four experts"
     assert all(is_file_backed(p) for p in experts.values())
     assert report.bytes_mapped >= sum(p.numel() * p.element_size() for p in experts.values())
+
+
+# --- a fused parameter whose parts lie at different page phases in the file ------------------------------------
+
+
+def _file_pages(address: int, length: int) -> set[str]:
+    """The files ``/proc/self/maps`` shows behind the whole pages of ``[address, address + length)``."""
+    first, last = -(-address // PAGE) * PAGE, (address + length) // PAGE * PAGE
+    found = set()
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split()
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        if start < last and first < end:
+            found.add(fields[5] if len(fields) > 5 else "")
+    return found
+
+
+def test_the_largest_part_of_a_fused_parameter_decides_what_is_mapped(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qwen3 stores a 64-byte ``q_norm`` between ``o_proj`` and ``q_proj``: ``k`` (first in the file) and ``q``
+    cannot both be congruent with one placement of ``qkv_proj``. The region is placed for ``q`` (the largest
+    part), so ``q`` and ``v`` are the file's pages and only the small ``k`` is copied."""
+    save_checkpoint("qwen3", tmp_path, config=tiny_config("qwen3", hidden_size=128, head_dim=64),
+                    dtype=torch.bfloat16, max_shard_size="10MB")
+    model, _ = _load(tmp_path, monkeypatch, mapped=True, dtype="bfloat16")
+    copied, _ = _load(tmp_path, monkeypatch, mapped=False, dtype="bfloat16")
+    _same_state(model, copied)
+    qkv = model.model.layers[1].self_attn.qkv_proj
+    rows = qkv.weight
+    row_bytes = rows.shape[1] * rows.element_size()
+    files = {str(f.resolve()) for f in tmp_path.glob("*.safetensors")}
+    q_bytes = qkv.q_size * row_bytes
+    assert _file_pages(rows.data_ptr(), q_bytes) & files  # q mapped
+    v_start = rows.data_ptr() + (qkv.q_size + qkv.kv_size) * row_bytes
+    assert _file_pages(v_start, qkv.kv_size * row_bytes) & files  # v, congruent with q, mapped

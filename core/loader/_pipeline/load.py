@@ -29,6 +29,7 @@ from torch import nn
 from .. import _distributed, _hooks
 from .._context import ModelContext
 from .._load_record import LoadRecord, remember_load
+from .._mapped_parameters import write_pending
 from .._options import LoadOptions, check_model_impl, parse_dtype
 from .._page_population import background_population
 from .._plugins import PluginHost, current_plugin_host
@@ -329,6 +330,7 @@ def _build_and_fill(prepared: PreparedCheckpoint, options: LoadOptions, progress
             loaded = load_by_name(model, stream)
     else:
         loaded = _load_weights(model, stream, arch)
+    write_pending(model)  # parts a fused parameter's largest part was to place, if it never did
     check_all_filled(model, loaded, prepared.source.display())
     remember_load(model, LoadRecord(prepared.source.location, options, host, quant_config, current_session().tp_rank,
                                     current_session().tp_size, prepared.hf_config))

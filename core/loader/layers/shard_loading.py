@@ -201,7 +201,11 @@ class ShardedWeightLoading:
         narrowed, offset, size = self.shard_slice(layout, shape, loaded, shard_id)
         destination = param.data if output_dim is None else param.data.narrow(output_dim, offset, size)
         check_shape(narrowed, destination.shape, self.display_name)
-        fill_parameter(param, narrowed, output_dim, offset)
+        # only the largest part (q of q/k/v) decides where a mapped parameter lies: the others may sit in the
+        # file at another page phase, and placing the region for them would copy the large part instead
+        largest = max(self._output_part(sid).length for sid in self._shard_ids())
+        fill_parameter(param, narrowed, output_dim, offset,
+                       may_place=shard_id is None or self._output_part(shard_id).length == largest)
 
     def _load_fused(self, param: torch.Tensor, layout: ParamLayout, shape: Sequence[int],
                     loaded: CheckpointTensor) -> None:
