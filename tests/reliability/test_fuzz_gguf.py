@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,20 @@ from tests.reliability.fuzz_values import EXTREME_INTS
 
 FUZZ = settings(parent=settings.get_profile(FUZZ_PROFILE))
 _NAMES = itertools.count()
+
+
+def _reads_or_refuses_by_name(folder: Path, blob: bytes, read: Callable[[Path], None]) -> None:
+    """Write ``blob`` as a GGUF file and ``read`` it: it reads, or fails with a ``LoadError`` naming the file."""
+    path = folder / f"damaged-{next(_NAMES)}.gguf"  # a new name: the header cache keys on the file
+    path.write_bytes(blob)
+    try:
+        read(path)
+        event("accepted and read")
+    except LoadError as exc:
+        event(f"refused: {type(exc).__name__}")
+        assert str(path) in str(exc)
+    finally:
+        path.unlink()
 
 
 @pytest.fixture(scope="module")
@@ -94,17 +109,7 @@ def _read_everything(path: Path) -> None:
 @given(st.data())
 def test_damaged_gguf_reads_or_raises_load_error(valid, data: st.DataObject) -> None:
     folder = valid[0]
-    blob = data.draw(damage(valid))
-    path = folder / f"damaged-{next(_NAMES)}.gguf"  # a new name: the header cache keys on the file
-    path.write_bytes(blob)
-    try:
-        _read_everything(path)
-        event("accepted and read")
-    except LoadError as exc:
-        event(f"refused: {type(exc).__name__}")
-        assert str(path) in str(exc)
-    finally:
-        path.unlink()
+    _reads_or_refuses_by_name(folder, data.draw(damage(valid)), _read_everything)
 
 
 def test_the_fuzz_base_reads_whole(valid) -> None:
@@ -248,13 +253,4 @@ def test_damaged_handcrafted_files_read_or_raise_load_error(handcrafted, data: s
         out[at:at + 8] = value.to_bytes(8, "little")
     if data.draw(st.integers(0, 4)) == 0:
         out = out[: data.draw(st.integers(0, len(out)))]
-    path = folder / f"damaged-{next(_NAMES)}.gguf"
-    path.write_bytes(bytes(out))
-    try:
-        _read_table(path)
-        event("accepted and read")
-    except LoadError as exc:
-        event(f"refused: {type(exc).__name__}")
-        assert str(path) in str(exc)
-    finally:
-        path.unlink()
+    _reads_or_refuses_by_name(folder, bytes(out), _read_table)
