@@ -1,8 +1,9 @@
 """Live weight updates on checkpoints written by ``transformers``: load A, update with B, equal to a fresh B.
 
-Every family (dense, tied, mixture-of-experts) at tp=1 and, in one ``torchrun`` launch, at tp=2; the
-parameters keep their storage; A's files are untouched although its parameters were mapped from them;
-``reload_weights`` from B's folder and from B's sharded state equals a fresh load of B.
+Every family (dense, tied, mixture-of-experts) at tp=1 and, in one ``torchrun`` launch, at tp=2 (with a GPTQ
+model given B's packed tensors); the parameters keep their storage; A's files are untouched although its
+parameters were mapped from them; ``reload_weights`` from B's folder and from B's sharded state equals a fresh
+load of B.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import loader
 from loader._mapped_parameters import is_file_backed
 from loader._sharded.save import save_sharded
 from loader.errors import ConfigError, MissingWeightsError, ShapeMismatchError
+from tests.helpers.gptq_checkpoints import save_gptq_checkpoint
 from tests.helpers.hf_checkpoints import build_model, save_checkpoint, tiny_config
 from tests.helpers.model_checks import random_ids
 
@@ -153,7 +155,9 @@ def test_reload_from_a_checkpoint_missing_a_tensor_says_so(checkpoints, tmp_path
 def test_tensor_parallel_updates_equal_fresh_loads(checkpoints, tmp_path) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    cases = [f"{a}::{b}" for a, b in checkpoints.values()]
+    gptq_a, _ = save_gptq_checkpoint("llama", tmp_path / "gptq-A", group_size=32, desc_act=True, seed=0)
+    gptq_b, _ = save_gptq_checkpoint("llama", tmp_path / "gptq-B", group_size=32, desc_act=True, seed=1)
+    cases = [f"{a}::{b}" for a, b in [*checkpoints.values(), (gptq_a, gptq_b)]]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     env.pop("WORLD_SIZE", None)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",

@@ -95,6 +95,13 @@ def _meta_tensors(specs: Sequence[WeightSpec]) -> dict[str, torch.Tensor]:
     return {spec.name: torch.empty(spec.shape, dtype=spec.dtype, device="meta") for spec in specs}
 
 
+def _names_of(specs: object) -> list[str] | None:
+    """The names ``specs`` announce, when they are well formed (else ``None``: the checks say what is wrong)."""
+    if isinstance(specs, Sequence) and all(isinstance(spec, WeightSpec) for spec in specs):
+        return [spec.name for spec in specs]
+    return None
+
+
 def _agree(model: nn.Module, specs: object, bucket_bytes: object, src: int, group: dist.ProcessGroup | None,
            members: list[int], tracker: WriteTracker, strict: bool, skipped: dict[str, None]) -> Header:
     """Steps 1 and 2 of the protocol: this rank's checks and the sender's header, then every rank's verdict."""
@@ -162,7 +169,7 @@ def update_weights_from_distributed(model: nn.Module, specs: Sequence[WeightSpec
     with exclusive_update(model):
         before = storage_addresses(model)
         skipped: dict[str, None] = {}
-        with tracked_writes(model) as tracker, torch.no_grad(), writes_in_place():
+        with tracked_writes(model, _names_of(specs)) as tracker, torch.no_grad(), writes_in_place():
             header = _agree(model, specs, bucket_bytes, src, group, members, tracker, strict, skipped)
             arrivals = _Arrivals(plan_buckets(header.specs, header.bucket_bytes), src, group, skipped)
             own: LoadError | None = None

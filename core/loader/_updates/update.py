@@ -28,7 +28,14 @@ from .._mapped_parameters import writes_in_place
 from ..errors import LoadError, UnsupportedError
 from ..weights import CheckpointTensor
 from .driving import CountingStream, drive
-from .tracking import WriteTracker, check_storage_kept, reprocess, storage_addresses, tracked_writes
+from .tracking import (
+    WriteTracker,
+    check_storage_kept,
+    check_written_layers,
+    reprocess,
+    storage_addresses,
+    tracked_writes,
+)
 from .update_tensor import as_update_stream
 
 __all__ = ["UpdateReport", "apply_stream", "bump_version", "exclusive_update", "probe", "update_weights",
@@ -113,6 +120,7 @@ def probe(model: nn.Module, weights: Mapping[str, torch.Tensor], tracker: WriteT
     """Run every tensor of ``weights`` through the model as a probe: all checks, no write."""
     try:
         drive(model, CountingStream(as_update_stream(weights.items(), probe=True)), strict=strict, skipped=skipped)
+        check_written_layers(tracker)
     except LoadError as exc:
         raise _with_note(exc, "nothing was written (the update was checked whole first)") from exc
     finally:
@@ -124,13 +132,15 @@ def apply_stream(model: nn.Module, pairs: Iterator[tuple[str, CheckpointTensor]]
     """Write ``pairs`` into ``model``, post-process the quantized layers written, and return the count.
 
     A failure part-way says how many tensors were written before it; the layers written are post-processed
-    all the same, so what was written is in its final layout.
+    all the same, so what was written is in its final layout (a layer that cannot be converted from what it was
+    given, a packed layer missing part of its tensor set, keeps its weights as they were).
     """
     stream = CountingStream(pairs)
     try:
         drive(model, stream, strict=strict, skipped=skipped, complete=complete)
+        check_written_layers(tracker)
     except LoadError as exc:
-        reprocess(tracker)
+        reprocess(tracker, after_error=True)
         raise _with_note(exc, f"the update stopped there: {stream.finished} tensor(s) before it "
                               f"were written, and the weights version stays {weights_version(model)}") from exc
     return stream
@@ -159,7 +169,8 @@ def update_weights(model: nn.Module, weights: Mapping[str, Any] | Iterable[tuple
         pairs = weights.items() if isinstance(weights, Mapping) else weights
         before = storage_addresses(model)
         skipped: dict[str, None] = {}
-        with tracked_writes(model) as tracker, torch.no_grad(), writes_in_place():
+        names = list(checkable) if checkable is not None else None
+        with tracked_writes(model, names) as tracker, torch.no_grad(), writes_in_place():
             if checkable is not None:
                 probe(model, checkable, tracker, strict, skipped)
                 pairs = [(name, value) for name, value in checkable.items() if name not in skipped]

@@ -240,6 +240,26 @@ class QuantizeMethodBase(abc.ABC):
         parameter's storage. Default: refused, as a method that does not say it can."""
         return f"its quantize method {type(self).__name__} does not take new weights in place"
 
+    def open_for_update(self, layer: nn.Module) -> None:  # noqa: B027 - optional step
+        """An update is about to write into ``layer``: give it parameters for the checkpoint's tensors again.
+
+        A method whose :meth:`process_weights_after_loading` replaced the checkpoint-layout parameters by
+        buffers of its own (a repack into a kernel's layout) registers fresh ones here, named and sharded as
+        at :meth:`create_weights`, so the model's ``load_weights`` lands the new tensors in them; the second
+        :meth:`process_weights_after_loading` then converts them and copies the result into the existing
+        buffers. Called once per update before the first tensor (and again after a probe pass, which must
+        forget the parts it recorded); default: nothing, the parameters are still there.
+        """
+
+    def check_update(self, layer: nn.Module) -> None:  # noqa: B027 - optional step
+        """Raise a :class:`~loader.errors.LoadError` naming what is missing when the tensors an update gave
+        ``layer`` cannot be converted on their own (a packed layer needs its whole tensor set). Asked of every
+        layer written before any is post-processed, and after a probe; default: any subset will do."""
+
+    def close_update(self, layer: nn.Module) -> None:  # noqa: B027 - optional step
+        """The update is over, written or not: drop whatever :meth:`open_for_update` added that the second
+        :meth:`process_weights_after_loading` did not consume (default: nothing)."""
+
     def layer_plan(self, layer: nn.Module) -> KernelChoice | None:
         """What this layer would run with, decided from its shapes and the config alone, or ``None`` when only
         its weights can tell.

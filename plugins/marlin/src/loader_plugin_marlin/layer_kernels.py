@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 import attrs
 import torch
 
+from loader.errors import UnsupportedError
 from loader.kernels import KernelChoice
 
 from .column_chunks import int4_by_columns
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from .config import PackedQuantConfig
     from .layer_geometry import LayerGeometry
 
-__all__ = ["BUFFER_PREFIX", "build_kernel", "combined_choice", "kernel_tensors", "plan_weight",
+__all__ = ["BUFFER_PREFIX", "build_kernel", "combined_choice", "kernel_tensors", "plan_weight", "refill_kernel_buffers",
            "register_kernel_buffers", "with_layer_buffers"]
 
 BUFFER_PREFIX = "packed_"
@@ -79,6 +80,37 @@ def register_kernel_buffers(layer: nn.Module, kernel: object, prefix: str = BUFF
     """Keep ``kernel``'s tensors as ``layer``'s buffers named ``prefix`` + field (see :func:`with_layer_buffers`)."""
     for name, tensor in kernel_tensors(kernel):
         layer.register_buffer(f"{prefix}{name}", tensor)
+
+
+def _kernel_form(kernel: object) -> list[tuple[str, object]]:
+    """What a kernel record is apart from its tensors' values: each field's value, or a tensor's shape and dtype."""
+    form: list[tuple[str, object]] = []
+    for field in attrs.fields(cast(Any, type(kernel))):
+        value = getattr(kernel, field.name)
+        if isinstance(value, torch.Tensor):
+            form.append((field.name, (tuple(value.shape), value.dtype)))
+        elif attrs.has(type(value)):
+            form += [(f"{field.name}_{name}", nested) for name, nested in _kernel_form(value)]
+        else:
+            form.append((field.name, value))
+    return form
+
+
+def refill_kernel_buffers(layer: nn.Module, current: object, new: object, prefix: str = BUFFER_PREFIX) -> None:
+    """Copy kernel ``new``'s tensors into ``layer``'s buffers of kernel ``current``, in place (same storage).
+
+    The two must be the same kernel with tensors of the same shapes and dtypes, which new checkpoint tensors of
+    the same geometry give unless they change what the kernel depends on (an activation order where there was
+    none); otherwise a :class:`~loader.errors.UnsupportedError` names what differs and nothing is copied.
+    """
+    old_form, new_form = dict(_kernel_form(current)), dict(_kernel_form(new))
+    differ = [name for name in old_form if old_form[name] != new_form.get(name)]
+    if differ:
+        shown = "; ".join(f"{name}: {old_form[name]} -> {new_form.get(name)}" for name in differ)
+        raise UnsupportedError(f"the new tensors need a kernel laid out differently from the one the layer runs "
+                               f"({shown}); load the new checkpoint with loader.load_model")
+    for name, tensor in kernel_tensors(new):
+        layer.get_buffer(f"{prefix}{name}").copy_(tensor)
 
 
 def with_layer_buffers(kernel: Any, layer: nn.Module, prefix: str = BUFFER_PREFIX, _nested: str = "") -> Any:

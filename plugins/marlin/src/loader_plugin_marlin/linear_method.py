@@ -15,6 +15,12 @@ layer bound for the int4 CPU kernel a slice of columns at a time, to keep the
 load's peak low); the checkpoint-layout parameters are then dropped and the
 kernel's tensors become the layer's buffers. The fused-experts method
 (:mod:`~loader_plugin_marlin.fused_moe_method`) does the same per expert.
+
+A live weight update (``loader.update_weights``) reopens the layer: the
+checkpoint-layout parameters come back, the new checkpoint's tensors land in
+them as at load, and the second post-processing builds the kernel again and
+copies it into the existing buffers (same storage), once the layer was given
+its whole tensor set.
 """
 
 from __future__ import annotations
@@ -25,12 +31,19 @@ from typing import TYPE_CHECKING, cast
 import attrs
 import torch
 
+from loader.errors import UnsupportedError
 from loader.layers import LinearMethodBase, LinearShape, ParamLayout, WeightLoader, set_param_layout
 from loader.models import current_session
 
 from .kernels import LayerKernel
 from .layer_geometry import LayerGeometry, layer_geometry
-from .layer_kernels import build_kernel, plan_weight, register_kernel_buffers, with_layer_buffers
+from .layer_kernels import (
+    build_kernel,
+    plan_weight,
+    refill_kernel_buffers,
+    register_kernel_buffers,
+    with_layer_buffers,
+)
 from .param_specs import ParamSpec, land_shape_record, land_shared_g_idx
 from .quantized_weight import QuantizedWeight
 
@@ -42,7 +55,7 @@ if TYPE_CHECKING:
 
     from .config import PackedQuantConfig
 
-__all__ = ["PackedLayerState", "PackedLinearMethod"]
+__all__ = ["PackedLayerState", "PackedLinearMethod", "UpdateRecord"]
 
 
 @attrs.define
@@ -52,8 +65,17 @@ class PackedLayerState:
     geometry: LayerGeometry
     names: tuple[str, ...]
     params_dtype: torch.dtype
+    weight_loader: WeightLoader
     g_idx_parts: list[object] = attrs.field(factory=list)
     kernel: LayerKernel | None = None
+    update: UpdateRecord | None = None
+
+
+@attrs.define
+class UpdateRecord:
+    """An update's parts written into a layer reopened for it, by checkpoint tensor (``None``: all parts at once)."""
+
+    written: dict[str, set[object]] = attrs.field(factory=dict)
 
 
 class PackedLinearMethod(LinearMethodBase):
@@ -73,12 +95,17 @@ class PackedLinearMethod(LinearMethodBase):
             act_order=cfg.act_order, input_pack=layout.input_pack, output_pack=layout.output_pack,
         )
         specs = layout.params(geometry)
-        for spec in specs:
-            param = torch.nn.Parameter(torch.empty(spec.shape, dtype=spec.dtype), requires_grad=False)
-            set_param_layout(param, self._layout(linear, spec, shape.weight_loader))
-            layer.register_parameter(spec.name, param)
+        self._register_checkpoint_params(linear, specs, shape.weight_loader, device=None)
         self.set_layer_state(layer, PackedLayerState(
-            geometry=geometry, names=tuple(spec.name for spec in specs), params_dtype=shape.params_dtype))
+            geometry=geometry, names=tuple(spec.name for spec in specs), params_dtype=shape.params_dtype,
+            weight_loader=shape.weight_loader))
+
+    def _register_checkpoint_params(self, layer: LinearBase, specs: list[ParamSpec], weight_loader: WeightLoader,
+                                    device: torch.device | None) -> None:
+        for spec in specs:
+            param = torch.nn.Parameter(torch.empty(spec.shape, dtype=spec.dtype, device=device), requires_grad=False)
+            set_param_layout(param, self._layout(layer, spec, weight_loader))
+            layer.register_parameter(spec.name, param)
 
     def _layout(self, layer: LinearBase, spec: ParamSpec, weight_loader: WeightLoader) -> ParamLayout:
         load_part = None
@@ -109,27 +136,85 @@ class PackedLinearMethod(LinearMethodBase):
         return self.config.layout.to_quantized(tensors, state.geometry)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """Convert and check the checkpoint tensors, choose the kernel, replace the parameters by its buffers."""
+        """Convert and check the checkpoint tensors, choose the kernel, replace the parameters by its buffers.
+
+        After an update (the layer reopened by :meth:`open_for_update`), the new tensors are converted the
+        same way and the result copied into the kernel's existing buffers, which keep their storage.
+        """
         state = self.layer_state(layer, PackedLayerState)
-        if state.kernel is not None:
+        if state.kernel is not None and state.update is None:
             return
         tensors = {name: cast(torch.Tensor, getattr(layer, name)).data for name in state.names}
         kernel = build_kernel(self.config, state.geometry, tensors, state.params_dtype)
         del tensors
         for name in state.names:
             delattr(layer, name)
+        if state.kernel is not None:
+            state.update = None
+            refill_kernel_buffers(layer, self.kernel(layer), kernel)
+            return
         register_kernel_buffers(layer, kernel)
         state.kernel = kernel
         self.config.kernel_log[state.geometry.prefix] = kernel.choice
 
     def weight_update_refusal(self, layer: nn.Module) -> str | None:
-        """Refused, by what the load did: it repacked the checkpoint tensors into the kernel's own buffers and
-        removed them, so new checkpoint tensors have no parameter to land in (repacking into the existing
-        buffers is not built)."""
+        """``None`` once :meth:`open_for_update` gave the layer its checkpoint tensors back as parameters."""
         state = self.layer_state(layer, PackedLayerState)
-        kernel = f"the {state.kernel.choice.kernel} kernel's" if state.kernel is not None else "its kernel's"
-        return (f"its quantize method {type(self).__name__} repacked the checkpoint tensors ({', '.join(state.names)})"
-                f" into {kernel} buffers at load, which replaced them; load the new checkpoint with loader.load_model")
+        if state.update is not None:
+            return None
+        return (f"its quantize method {type(self).__name__} keeps it as kernel buffers and was not opened for this "
+                "update (its tensors were not among the update's names)")
+
+    def open_for_update(self, layer: nn.Module) -> None:
+        """Register the checkpoint tensors' parameters again (on the buffers' device), written parts recorded."""
+        state = self.layer_state(layer, PackedLayerState)
+        if state.kernel is None:
+            return
+        state.g_idx_parts = []
+        if state.update is not None:  # after a probe: the same parameters, nothing written yet
+            state.update = UpdateRecord()
+            return
+        device = next(layer.buffers()).device
+        specs = [spec for spec in self.config.layout.params(state.geometry) if spec.name in state.names]
+        recording = functools.partial(self._record_write, layer, state.weight_loader)
+        self._register_checkpoint_params(cast("LinearBase", layer), specs, recording, device=device)
+        state.update = UpdateRecord()
+
+    def _record_write(self, layer: nn.Module, weight_loader: WeightLoader, param: torch.Tensor, loaded: object,
+                      shard_id: object = None) -> None:
+        state = self.layer_state(layer, PackedLayerState)
+        name = next(name for name in state.names if getattr(layer, name) is param)
+        if state.update is not None:
+            state.update.written.setdefault(name, set()).add(shard_id)
+        weight_loader(param, loaded, shard_id)
+
+    def check_update(self, layer: nn.Module) -> None:
+        """Every checkpoint tensor of the layer, every part of it: the kernel is rebuilt from the whole set."""
+        state = self.layer_state(layer, PackedLayerState)
+        if state.update is None:
+            return
+        parts = len(state.geometry.parts)
+        whole = {name for name, written in state.update.written.items() if None in written or len(written) >= parts}
+        missing = [name for name in state.names if name not in whole]
+        if missing:
+            given = ", ".join(f"{name} ({_parts_text(state.update.written[name])})"
+                              for name in state.names if name in state.update.written) or "none"
+            raise UnsupportedError(
+                f"layer {state.geometry.prefix!r} ({type(self).__name__}) was given {given} but not all of "
+                f"{', '.join(missing)}: a packed layer is rebuilt from its whole tensor set "
+                f"({', '.join(state.names)}, every part of a fused layer); give all of them or none")
+
+    def close_update(self, layer: nn.Module) -> None:
+        """Drop the reopened parameters the update did not consume (nothing, or not all of the set, was given)."""
+        state = self.layer_state(layer, PackedLayerState)
+        if state.update is None:
+            return
+        held = dict(layer.named_parameters(recurse=False))
+        for name in state.names:
+            if name in held:
+                delattr(layer, name)
+        state.update = None
+        state.g_idx_parts = []
 
     def layer_plan(self, layer: nn.Module) -> KernelChoice | None:
         """The kernel this layer will get on the load's device, from its shapes (``loader inspect --layers``)."""
@@ -152,3 +237,7 @@ class PackedLinearMethod(LinearMethodBase):
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         out = self.kernel(layer).matmul(x)
         return out if bias is None else out + bias.to(out.dtype)
+
+
+def _parts_text(parts: set[object]) -> str:
+    return "whole" if None in parts else "parts " + ", ".join(str(part) for part in sorted(parts, key=str))
