@@ -7,6 +7,9 @@ Hidden size 160 with group 128: GPTQModel writes a partial last group (128 + 32 
 A tiny Qwen3-MoE quantized by GPTQModel (it defuses transformers' 3-D experts and writes each expert part's
 tensors, router dense) loads per expert as its own dequantization, and splits over two simulated ranks.
 
+A model loaded from one GPTQModel checkpoint and updated in place with another's tensors (act-order: each has its
+own permutation) equals a fresh load of the other.
+
 The real model: SmolLM2-135M-Instruct (the Q4_1 GGUF of ``scripts/fetch_smollm2.py``, dequantized by
 transformers' GGUF loader) quantized by GPTQModel with act-order and group 128 over its K = 576 (a partial
 last group), once per session; skipped with the reason when the GGUF cannot be fetched.
@@ -222,6 +225,22 @@ TP_EXPECTED = {
 
 
 @pytest.mark.torchrun
+def test_a_gptqmodel_model_updated_with_another_gptqmodel_checkpoint_equals_its_fresh_load(written, tmp_path):
+    from safetensors.torch import load_file
+
+    case = "llama-asym-actorder-g128"
+    family, fields = CASES[case]
+    b = save_gptqmodel_checkpoint(family, tmp_path / "B", seed=1, **fields, **SIZES)
+    model = loader.load_model(str(written[case]), dtype="float32")
+    storage = {name: t.data_ptr() for name, t in model.named_buffers()}
+    tensors = {name: t for file in sorted(b.glob("*.safetensors")) for name, t in load_file(str(file)).items()}
+    loader.update_weights(model, tensors)
+    ids = random_ids(model.config.vocab_size)
+    with torch.no_grad():
+        assert torch.equal(model(ids), loader.load_model(str(b), dtype="float32")(ids))
+    assert storage == {name: t.data_ptr() for name, t in model.named_buffers()}
+
+
 def test_gptqmodel_checkpoints_under_torchrun_at_tp2(written, tmp_path):
     import json
     import os
