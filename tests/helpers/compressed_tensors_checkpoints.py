@@ -53,14 +53,23 @@ def ct_tensors(q: Quantized, *, sym: bool, actorder: bool = False,
     return tensors
 
 
-def ct_quantization_config(bits: int, group_size: int, *, sym: bool, actorder: bool,
-                           ignore: list[str] | None = None) -> dict[str, Any]:
+def ct_group(bits: int, group_size: int, *, sym: bool, actorder: bool = False, targets: tuple[str, ...] = ("Linear",),
+             fmt: str | None = None) -> dict[str, Any]:
+    """One ``config_groups`` entry as compressed-tensors writes it (``fmt``: a per-group ``format``)."""
     weights = {"num_bits": bits, "type": "int", "symmetric": sym, "strategy": "channel" if group_size == -1 else
                "group", "group_size": None if group_size == -1 else group_size,
                "actorder": "group" if actorder else None, "dynamic": False, "observer": "minmax"}
+    group: dict[str, Any] = {"targets": list(targets), "weights": weights, "input_activations": None,
+                             "output_activations": None}
+    if fmt is not None:
+        group["format"] = fmt
+    return group
+
+
+def ct_quantization_config(bits: int, group_size: int, *, sym: bool, actorder: bool,
+                           ignore: list[str] | None = None) -> dict[str, Any]:
     return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
-            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None,
-                                          "output_activations": None}},
+            "config_groups": {"group_0": ct_group(bits, group_size, sym=sym, actorder=actorder)},
             "ignore": ["lm_head", *(ignore or [])]}
 
 

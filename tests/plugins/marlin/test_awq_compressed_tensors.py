@@ -12,7 +12,8 @@ import loader
 from loader.errors import CheckpointFormatError, ConfigError, FusedLayerSkipError, UnsupportedError
 from loader.layers import LinearBase, UnquantizedLinearMethod
 from loader_plugin_marlin.awq_format import AWQConfig, awq_config_from_checkpoint
-from loader_plugin_marlin.compressed_tensors_format import CompressedTensorsConfig, ct_config_from_checkpoint
+from loader_plugin_marlin.compressed_tensors_config import ct_config_from_checkpoint
+from loader_plugin_marlin.compressed_tensors_format import PackQuantizedConfig
 from loader_plugin_marlin.layer_geometry import layer_geometry
 from tests.helpers.awq_checkpoints import awq_quantization_config, pack_awq, save_awq_checkpoint
 from tests.helpers.compressed_tensors_checkpoints import (
@@ -44,7 +45,7 @@ def test_compressed_tensors_convert_to_the_packer_s_weight_exactly(bits, group_s
     weight = torch.randn(64, 128, generator=torch.Generator().manual_seed(bits))
     tensors, reference = pack_compressed_tensors(weight, bits, group_size, sym=sym, actorder=actorder,
                                                  scale_dtype=torch.float16)
-    config = CompressedTensorsConfig(bits=bits, group_size=group_size, sym=sym, act_order=actorder)
+    config = PackQuantizedConfig(bits=bits, group_size=group_size, sym=sym, act_order=actorder)
     converted = config.layout.to_quantized(tensors, _geometry(128, 64, bits, group_size, actorder))
     assert torch.equal(converted.dequantize(), reference)
 
@@ -131,9 +132,9 @@ def _ct(**weights):
     (_ct(strategy="tensor"), UnsupportedError, "strategy 'tensor' is not supported"),
     (_ct(group_size=None), ConfigError, "strategy 'group' needs a positive group_size, found None"),
     (_ct(actorder="dynamic"), UnsupportedError, "actorder 'dynamic' is not supported"),
-    ({**_ct(), "format": "float-quantized"}, UnsupportedError,
-     "compressed-tensors format 'float-quantized' is not supported; only 'pack-quantized'"),
-    ({**_ct(), "config_groups": {}}, UnsupportedError, "expected one entry in config_groups, found 0"),
+    ({**_ct(), "format": "marlin-24"}, UnsupportedError,
+     r"config_groups.group_0: compressed-tensors format 'marlin-24' is not supported; expected one of \[.*'dense'"),
+    ({**_ct(), "config_groups": {}}, ConfigError, r"config_groups must name at least one scheme, found \{\}"),
 ])
 def test_bad_compressed_tensors_configs_are_named(declared, error, message):
     with pytest.raises(error, match=message):
@@ -143,5 +144,6 @@ def test_bad_compressed_tensors_configs_are_named(declared, error, message):
 def test_activation_quantization_is_refused():
     declared = _ct()
     declared["config_groups"]["group_0"]["input_activations"] = {"num_bits": 8, "type": "int"}
-    with pytest.raises(UnsupportedError, match="quantizes activations; only weight-only"):
+    with pytest.raises(UnsupportedError, match="config_groups.group_0 quantizes activations; pack-quantized loads "
+                                               r"weight-only \(W4A16/W8A16\) schemes"):
         ct_config_from_checkpoint(declared)

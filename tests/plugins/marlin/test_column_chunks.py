@@ -9,7 +9,7 @@ import loader
 from loader_plugin_marlin import column_chunks
 from loader_plugin_marlin.awq_format import AWQConfig
 from loader_plugin_marlin.column_chunks import int4_by_columns
-from loader_plugin_marlin.compressed_tensors_format import CompressedTensorsConfig
+from loader_plugin_marlin.compressed_tensors_format import PackQuantizedConfig
 from loader_plugin_marlin.config import GPTQConfig
 from loader_plugin_marlin.kernels import Int4Kernel, choose_kernel
 from loader_plugin_marlin.layer_geometry import layer_geometry
@@ -36,7 +36,7 @@ def _awq(weight):
 
 def _ct(weight):
     tensors, _ = pack_compressed_tensors(weight, 4, 32, sym=False, actorder=True, scale_dtype=torch.float16)
-    return CompressedTensorsConfig(bits=4, group_size=32, sym=False, act_order=True), tensors
+    return PackQuantizedConfig(bits=4, group_size=32, sym=False, act_order=True), tensors
 
 
 FORMATS = {

@@ -1,12 +1,12 @@
-"""compressed-tensors ``pack-quantized`` checkpoints (what llm-compressor writes for W4A16/W8A16).
+"""compressed-tensors ``pack-quantized`` groups (what llm-compressor writes for W4A16/W8A16).
 
-``quantization_config`` has ``quant_method: "compressed-tensors"``, ``format:
-"pack-quantized"``, one entry in ``config_groups`` whose ``targets`` is
-``["Linear"]`` and whose ``weights`` say ``num_bits`` (4/8), ``type: "int"``,
-``symmetric``, ``strategy`` (``group`` with ``group_size``, or ``channel``)
-and ``actorder`` (``group``: a ``weight_g_idx`` is stored; ``weight`` or
-none: groups are contiguous), and an ``ignore`` list of module names or
-``re:`` patterns kept dense. Activation quantization is not weight-only and is refused.
+A group (one entry of ``config_groups``, see
+:mod:`~loader_plugin_marlin.compressed_tensors_config` for how layers are
+matched to groups) with ``format: "pack-quantized"`` has ``weights`` that say
+``num_bits`` (4/8), ``type: "int"``, ``symmetric``, ``strategy`` (``group``
+with ``group_size``, or ``channel``) and ``actorder`` (``group``: a
+``weight_g_idx`` is stored; ``weight`` or none: groups are contiguous).
+Activation quantization is not weight-only and is refused.
 
 Per layer, with the checkpoint's ``nn.Linear`` orientation:
 
@@ -25,7 +25,6 @@ with ``2**(bits-1)`` as the zero point of symmetric checkpoints.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -35,13 +34,13 @@ import torch
 from loader.errors import ConfigError, UnsupportedError
 
 from .bit_packing import unpack_int32
-from .config import PackedQuantConfig, kernel_option, module_list
+from .config import PackedQuantConfig, kernel_option
 from .gptq_format import check_g_idx
 from .layer_geometry import LayerGeometry
 from .param_specs import ParamSpec
 from .quantized_weight import QuantizedWeight, default_g_idx
 
-__all__ = ["CompressedTensorsConfig", "CompressedTensorsLayout", "ct_config_from_checkpoint"]
+__all__ = ["CompressedTensorsLayout", "PackQuantizedConfig", "pack_quantized_scheme"]
 
 METHOD_NAME = "compressed-tensors"
 FORMAT = "pack-quantized"
@@ -49,19 +48,11 @@ _WHERE = "config.json quantization_config"
 
 
 @attrs.frozen
-class CompressedTensorsConfig(PackedQuantConfig):
-    """A compressed-tensors ``pack-quantized`` checkpoint; ``ignore`` entries may be ``re:`` patterns."""
+class PackQuantizedConfig(PackedQuantConfig):
+    """One compressed-tensors ``pack-quantized`` group (the checkpoint's groups and ``ignore`` list are
+    :class:`~loader_plugin_marlin.compressed_tensors_config.CompressedTensorsConfig`'s)."""
 
     name: ClassVar[str] = METHOD_NAME
-
-    def ignores(self, prefix: str) -> bool:
-        for entry in self.skip_modules:
-            if entry.startswith("re:"):
-                if re.match(entry[3:], prefix):
-                    return True
-            elif entry == prefix or f".{entry}." in f".{prefix}.":
-                return True
-        return False
 
     @property
     def layout(self) -> CompressedTensorsLayout:
@@ -72,7 +63,7 @@ class CompressedTensorsConfig(PackedQuantConfig):
 class CompressedTensorsLayout:
     """The ``weight_*`` tensors of one layer."""
 
-    config: CompressedTensorsConfig
+    config: PackQuantizedConfig
     input_pack: bool = True
     output_pack: bool = True
 
@@ -111,34 +102,26 @@ class CompressedTensorsLayout:
                                group_size=cfg.group_size)
 
 
-def _scheme(declared: Mapping[str, Any]) -> Mapping[str, Any]:
-    groups = declared.get("config_groups")
-    if not isinstance(groups, Mapping) or len(groups) != 1:
-        count = len(groups) if isinstance(groups, Mapping) else 0
-        raise UnsupportedError(f"{_WHERE}: expected one entry in config_groups, found {count}")
-    (name, scheme), = groups.items()
-    if not isinstance(scheme, Mapping):
-        raise ConfigError(f"{_WHERE}: config_groups.{name} must be an object, found {scheme!r}")
-    targets = scheme.get("targets")
-    if targets != ["Linear"]:
-        raise UnsupportedError(f"{_WHERE}: config_groups.{name}.targets {targets!r} is not supported; only ['Linear']")
-    fmt = scheme.get("format") or declared.get("format")
-    if fmt != FORMAT:
-        raise UnsupportedError(f"{_WHERE}: compressed-tensors format {fmt!r} is not supported; only {FORMAT!r}")
+def _weights(name: str, scheme: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The group's ``weights``, for a weight-only scheme (a packed layer computes in the activations' dtype)."""
     if scheme.get("input_activations") or scheme.get("output_activations"):
-        raise UnsupportedError(f"{_WHERE}: config_groups.{name} quantizes activations; only weight-only "
-                               "(W4A16/W8A16) checkpoints are supported")
+        raise UnsupportedError(f"{_WHERE}: config_groups.{name} quantizes activations; {FORMAT} loads weight-only "
+                               "(W4A16/W8A16) schemes")
     weights = scheme.get("weights")
     if not isinstance(weights, Mapping):
         raise ConfigError(f"{_WHERE}: config_groups.{name}.weights must be an object, found {weights!r}")
     return weights
 
 
-def ct_config_from_checkpoint(declared: Mapping[str, Any],
-                              options: Mapping[str, Any] | None = None) -> CompressedTensorsConfig:
-    """The config of a ``pack-quantized`` compressed-tensors checkpoint; every bad field is named."""
-    weights = _scheme(declared)
-    where = f"{_WHERE} weights"
+def pack_quantized_scheme(name: str, scheme: Mapping[str, Any],
+                          options: Mapping[str, Any] | None = None) -> PackQuantizedConfig:
+    """The config of one ``pack-quantized`` group (``name`` in ``config_groups``); every bad field is named.
+
+    The group's layers are chosen by :class:`~loader_plugin_marlin.compressed_tensors_config.CompressedTensorsConfig`
+    (targets, ``ignore``), so this config quantizes whatever it is asked for, the output head included.
+    """
+    weights = _weights(name, scheme)
+    where = f"{_WHERE} config_groups.{name}.weights"
     bits = weights.get("num_bits")
     if isinstance(bits, bool) or bits not in (4, 8):
         raise UnsupportedError(f"{where}: num_bits {bits!r} is not supported; pack-quantized loads 4 or 8 bits")
@@ -161,8 +144,7 @@ def ct_config_from_checkpoint(declared: Mapping[str, Any],
     symmetric = weights.get("symmetric", True)
     if not isinstance(symmetric, bool):
         raise ConfigError(f"{where}: symmetric must be true or false, found {symmetric!r}")
-    return CompressedTensorsConfig(
+    return PackQuantizedConfig(
         bits=int(bits), group_size=int(group_size), act_order=actorder == "group" and group_size != -1,
-        sym=symmetric, kernel=kernel_option(options, METHOD_NAME),
-        skip_modules=module_list(declared.get("ignore"), "ignore", _WHERE),
+        sym=symmetric, kernel=kernel_option(options, METHOD_NAME), lm_head=True,
     )

@@ -12,14 +12,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from loader.errors import UnsupportedError
+from loader.layers import QuantizationConfig
 
 from .awq_format import awq_config_from_checkpoint
-from .compressed_tensors_format import ct_config_from_checkpoint
-from .config import PackedQuantConfig, config_from_checkpoint
+from .compressed_tensors_config import ct_config_from_checkpoint
+from .config import config_from_checkpoint
 
 __all__ = ["METHODS", "detect_packed"]
 
-METHODS: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any] | None], PackedQuantConfig]] = {
+METHODS: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any] | None], QuantizationConfig]] = {
     "gptq": config_from_checkpoint,
     "awq": awq_config_from_checkpoint,
     "compressed-tensors": ct_config_from_checkpoint,
@@ -28,7 +29,7 @@ METHODS: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any] | None], Packe
 
 def detect_packed(
     hf_config: Mapping[str, Any], requested: str | None, options: Mapping[str, Any] | None
-) -> PackedQuantConfig | None:
+) -> QuantizationConfig | None:
     """The load's config, or ``None`` when the load is not one of these formats."""
     if requested is not None and requested not in METHODS:
         return None
