@@ -32,7 +32,8 @@ def plan_layers(
     enable_expert_parallel: bool = False, trust_remote_code: bool = False,
 ) -> dict[str, Any]:
     """``{"quantization": describe() or None, "layers": {prefix: record or None}}`` for every layer that has a
-    quantize method (every parallel linear; a quantized head), built for one rank on ``meta``."""
+    quantize method (every parallel linear; a quantized head), built for one rank on ``meta``; a record has the
+    layer's ``scheme`` too when the config names one (:meth:`~loader.layers.QuantizationConfig.layer_scheme`)."""
     options = build_options(dtype=dtype, device=device, load_format=load_format, quantization=quantization,
                             revision=revision, quantization_options=quantization_options, model_impl=model_impl,
                             enable_expert_parallel=enable_expert_parallel, trust_remote_code=trust_remote_code)
@@ -79,4 +80,5 @@ def _plan(module: Any, name: str, quant_config: Any) -> dict[str, Any] | None:
         owner = getattr(quant_config, "name", None) or type(method).__name__
         raise PluginError(f"quantization {owner!r}: layer_plan for {name} returned {type(plan).__name__}, not a "
                           "loader.kernels.KernelChoice")
-    return plan.record()
+    scheme = quant_config.layer_scheme(_key(module, name)) if quant_config is not None else None
+    return plan.record() if scheme is None else {**plan.record(), "scheme": scheme}

@@ -128,6 +128,12 @@ class QuantizationConfig:
         """
         return None
 
+    def layer_scheme(self, prefix: str) -> str | None:
+        """How the checkpoint quantizes the layer at ``prefix`` when a config holds several schemes (a
+        compressed-tensors group: ``"attention: pack-quantized w8 int channel"``); ``loader inspect --layers``
+        shows it beside the layer's kernel. Asked after the model is built; default: ``None`` (one scheme)."""
+        return None
+
     # -- the model's fused modules and the skip decision ---------------------------------------------
 
     def set_packed_modules(self, mapping: Mapping[str, Sequence[str]]) -> None:

@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import loader
+from loader._pipeline.plan import plan_layers
 from loader.errors import ConfigError, UnsupportedError
 from loader.layers import UnquantizedLinearMethod
 from loader_plugin_marlin.compressed_tensors_config import ct_config_from_checkpoint
@@ -159,3 +160,14 @@ def test_bad_configs_are_named(change, error, message) -> None:
     declared = {**_config({"group_0": ct_group(4, 32, sym=True)}, ["lm_head"]), **change}
     with pytest.raises(error, match=message):
         ct_config_from_checkpoint(declared)
+
+
+def test_inspect_plans_each_layer_with_its_group_without_loading(tmp_path) -> None:
+    declared = _config({"attention": ct_group(8, -1, sym=True, targets=(ATTENTION,)),
+                        "mlp": ct_group(4, 32, sym=False, targets=(MLP,))}, ["lm_head"])
+    path, _ = _save("llama", tmp_path, declared, {r".*self_attn": (8, -1, True), r".*mlp": (4, 32, False)})
+    plan = plan_layers(str(path))
+    assert plan["layers"]["model.layers.0.self_attn.qkv_proj"] == {
+        "kernel": "int8pack", "reason": None, "scheme": "attention: pack-quantized w8 int channel"}
+    assert plan["layers"]["model.layers.1.mlp.down_proj"]["scheme"] == "mlp: pack-quantized w4 int group 32 asym"
+    assert plan["quantization"]["groups"]["mlp"]["targets"] == [MLP]

@@ -58,12 +58,14 @@ _DENSE_EXTRAS = ("weight_scale", "weight_zero_point", "weight_g_idx", "input_sca
 
 @attrs.frozen
 class SchemeGroup:
-    """One entry of ``config_groups``: its name, targets, format and (``None`` for ``dense``) its config."""
+    """One entry of ``config_groups``: its name, targets, format, (``None`` for ``dense``) its config, and how
+    ``loader inspect`` sums it up (``w4 int group 32 asym``)."""
 
     name: str
     targets: tuple[str, ...]
     format: str
     config: QuantizationConfig | None
+    summary: str = ""
 
 
 def _class_names(layer: nn.Module) -> tuple[str, ...]:
@@ -99,6 +101,7 @@ class CompressedTensorsConfig(QuantizationConfig):
     matched: set[tuple[str, str]] = attrs.field(factory=set, eq=False, repr=False)
     kv_scales: dict[str, float] = attrs.field(factory=dict, eq=False, repr=False)
     dense_modules: set[str] = attrs.field(factory=set, eq=False, repr=False)
+    layer_groups: dict[str, SchemeGroup] = attrs.field(factory=dict, eq=False, repr=False)
 
     def ignores(self, prefix: str) -> bool:
         self._note_name_matches(prefix)
@@ -148,6 +151,8 @@ class CompressedTensorsConfig(QuantizationConfig):
         if not _class_names(layer):
             return None
         group = self.group_for(layer, prefix)
+        if group is not None:
+            self.layer_groups[prefix] = group
         if group is not None and group.config is None:
             self.dense_modules.update(self._checkpoint_names(layer, prefix))
         if group is None or group.config is None:
@@ -158,6 +163,11 @@ class CompressedTensorsConfig(QuantizationConfig):
             raise UnsupportedError(f"{_WHERE}: config_groups.{group.name} quantizes the embedding {prefix} "
                                    f"({group.format}), which is not supported; keep it in 'ignore'")
         return method
+
+    def layer_scheme(self, prefix: str) -> str | None:
+        """``"<group>: <format> <summary>"`` of the layer's group (``None``: no group, left in floating point)."""
+        group = self.layer_groups.get(prefix)
+        return f"{group.name}: {group.format} {group.summary}".rstrip() if group is not None else None
 
     def unmatched_targets(self) -> list[tuple[str, str]]:
         """Name and pattern targets that matched no module of the model built (class targets may match none)."""
@@ -226,6 +236,24 @@ def _refuse_unsupported_features(declared: Mapping[str, Any]) -> None:
                                "sparse weights) is not supported; a 2:4-pruned checkpoint saved dense loads")
 
 
+def _summary(scheme: Mapping[str, Any]) -> str:
+    """``w4 int group 32 asym, a8 int token dynamic`` from a scheme's ``weights`` and ``input_activations``."""
+    parts = []
+    for letter, key in (("w", "weights"), ("a", "input_activations")):
+        args = scheme.get(key)
+        if not isinstance(args, Mapping):
+            continue
+        strategy = str(args.get("strategy"))
+        if strategy == "group":
+            strategy = f"group {args.get('group_size')}"
+        elif strategy == "block":
+            strategy = f"block {args.get('block_structure')}"
+        text = f"{letter}{args.get('num_bits')} {args.get('type')} {strategy}"
+        text += "" if args.get("symmetric", True) else " asym"
+        parts.append(text + (" dynamic" if args.get("dynamic") is True else ""))
+    return ", ".join(parts)
+
+
 def _group(name: str, scheme: Any, global_format: Any, options: Mapping[str, Any] | None) -> SchemeGroup:
     if not isinstance(scheme, Mapping):
         raise ConfigError(f"{_WHERE}: config_groups.{name} must be an object, found {scheme!r}")
@@ -234,13 +262,13 @@ def _group(name: str, scheme: Any, global_format: Any, options: Mapping[str, Any
         raise ConfigError(f"{_WHERE}: config_groups.{name}.targets is empty; name the layers the scheme applies to")
     fmt = scheme.get("format") or global_format
     if fmt == DENSE:
-        return SchemeGroup(name, targets, DENSE, None)
+        return SchemeGroup(name, targets, DENSE, None, _summary(scheme))
     factory = FORMAT_SCHEMES.get(fmt) if isinstance(fmt, str) else None
     if factory is None:
         known = sorted([*FORMAT_SCHEMES, DENSE])
         raise UnsupportedError(f"{_WHERE}: config_groups.{name}: compressed-tensors format {fmt!r} is not "
                                f"supported; expected one of {known}")
-    return SchemeGroup(name, targets, fmt, factory(name, scheme, options))
+    return SchemeGroup(name, targets, fmt, factory(name, scheme, options), _summary(scheme))
 
 
 def ct_config_from_checkpoint(declared: Mapping[str, Any],
