@@ -9,7 +9,9 @@ tox env ``marlin-compressed-tensors``). Two checks:
   two do not agree bit for bit: the packer rounds scales to float16 (GPTQ's convention), the library keeps
   the model's dtype, so codes at a rounding boundary differ; the scales are compared to float16 precision;
 * checkpoints the library compressed and saved load, and their logits match a model built from the
-  library's own ``decompress`` within 1e-3 relative (float32).
+  library's own ``decompress`` within 1e-3 relative (float32);
+* FP8 (``float-quantized``): the library parses the FP8 packer's config groups, compresses to its bytes and
+  decompresses to its weight, and its forward's input rounding equals the reference's and the loader's.
 
 compressed-tensors 0.20.1 has no act-order ``g_idx`` any more (``actorder: "group"`` was removed), so
 the ``weight_g_idx`` path is covered by the packer's own checkpoints only.
@@ -24,6 +26,8 @@ pytest.importorskip("compressed_tensors",
                     reason="compressed-tensors is not installed: tox -e marlin-compressed-tensors")
 
 import loader
+from loader_plugin_marlin.fp8_activations import emulated_input
+from loader_plugin_marlin.fp8_config import fp8_scheme_from_ct
 from tests.helpers.compressed_tensors_checkpoints import ct_tensors
 from tests.helpers.ct_library_checkpoints import (
     ct_library_dequantized_weights,
@@ -31,6 +35,7 @@ from tests.helpers.ct_library_checkpoints import (
     reference_from_ct_library,
     save_ct_library_checkpoint,
 )
+from tests.helpers.fp8_checkpoints import ct_fp8_group, fp8_tensors, input_rounding
 from tests.helpers.gptq_checkpoints import make_g_idx, quantize, quantize_with
 from tests.helpers.hf_checkpoints import reference_logits, relative_error
 from tests.helpers.model_checks import random_ids
@@ -98,3 +103,47 @@ def test_library_written_checkpoints_load_as_its_own_decompression(case, tmp_pat
     print(f"{case}: relative error {error:.3g} against compressed-tensors' decompression; "
           f"kernels {report.quantization['kernels']}")
     assert error <= 1e-3
+
+
+# -- FP8 (float-quantized): the packer's tensors and the activation rounding against the library ---------------
+
+FP8_LAYOUTS = ["ct-tensor-static", "ct-tensor-dynamic", "ct-channel-token", "ct-block-group"]
+
+
+@pytest.mark.parametrize("layout", FP8_LAYOUTS)
+def test_the_fp8_packer_writes_the_library_s_tensors(layout):
+    """The library parses the packer's config group, compresses the same weight with the packer's scales into the
+    same FP8 bytes (80 input columns: a partial last block of 32), and decompresses to the packer's weight."""
+    from compressed_tensors.compressors import FloatQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationScheme
+
+    weight = torch.randn(96, 80, generator=torch.Generator().manual_seed(len(layout))) * 0.05
+    ours, dequantized = fp8_tensors(weight, layout, (32, 32))
+    scheme = QuantizationScheme.model_validate(ct_fp8_group(layout, (32, 32)))
+    theirs = FloatQuantizationCompressor.compress({"weight": weight, "weight_scale": ours["weight_scale"]}, scheme)
+    assert set(theirs) == set(ours)
+    assert theirs["weight"].dtype == ours["weight"].dtype == torch.float8_e4m3fn
+    assert torch.equal(theirs["weight"].view(torch.uint8), ours["weight"].view(torch.uint8))
+    back = FloatQuantizationCompressor.decompress(theirs, scheme)
+    assert torch.equal(back["weight"].to(torch.float32), dequantized)
+
+
+@pytest.mark.parametrize("layout", ["ct-tensor-dynamic", "ct-channel-token", "ct-block-group", "ct-tensor-static"])
+def test_input_rounding_is_the_library_s_forward_quantize(layout):
+    """What compressed-tensors' decompressed forward does to a linear's input, bit for bit: the reference's
+    pre-hook and the loader's emulation."""
+    from compressed_tensors.quantization import QuantizationScheme, QuantizationStatus
+    from compressed_tensors.quantization.lifecycle.forward import forward_quantize
+
+    scheme = QuantizationScheme.model_validate(ct_fp8_group(layout, (32, 32)))
+    module = torch.nn.Linear(64, 8)
+    module.quantization_status = QuantizationStatus.DECOMPRESSED
+    static = torch.tensor([0.004])
+    module.input_scale = torch.nn.Parameter(static.clone(), requires_grad=False)
+    x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(7))
+    x[1, 2] = 0.0  # a zero row: the scale's epsilon
+    expected = forward_quantize(module, x, "input", scheme.input_activations)
+    hook = input_rounding(layout, 32, static)
+    assert torch.equal(hook(module, (x,))[0], expected)
+    acts = fp8_scheme_from_ct("group_0", ct_fp8_group(layout, (32, 32))).scheme.activations
+    assert torch.equal(emulated_input(x, acts, None if acts.dynamic else static, split_input=False), expected)
