@@ -1,0 +1,174 @@
+"""The kernels of compressed-tensors int8 layers (W8A8, W8A16), chosen per layer and device.
+
+What the reference computes: ``transformers`` with ``run_compressed=False`` (5.x: ``dequantize=True``) turns
+every int8 weight into ``(weight - zero_point) * scale`` at load and runs a plain dense model — it never
+calls compressed-tensors' wrapped forward, so **activations are not quantized** and the stored ``input_scale``
+tensors are unused. On the CPU, ``auto`` therefore keeps activations in floating point (weight-only math), which
+matches that reference to rounding:
+
+* float32 loads: the weight dequantized once (``dequantized``). Measured on a 2-core AVX-512-VNNI Xeon
+  (no AMX; ``benchmarks/bench_int8_kernels.py``, OMP_NUM_THREADS=2, fresh processes, medians; K=2048,
+  N=8192), milliseconds for M=1 / M=128 tokens: dequantized fp32 4.1 / 99, ``_weight_int8pack_mm`` fp32
+  20.6 / 2329, ``_int_mm`` with per-token int8 activations 6.9 / 80, dequantized bf16 8.0 / 28,
+  ``_weight_int8pack_mm`` bf16 8.0 / 89. torch's int8 weight kernel is 5x (decode) to 23x (prefill) slower
+  than float32 ``F.linear`` in float32, so float32 layers hold the float32 weight.
+* bfloat16 / float16 loads: ``int8pack`` (channel and tensor scales) — as fast as the dequantized bfloat16
+  weight for decode at half its memory; grouped weights take the marlin chooser (the int8 planes, else the
+  dequantize fallback).
+
+``int8_mm`` (asked for by ``quantization_options={"kernel": "int8_mm"}``, and ``auto`` on CUDA) computes what
+vLLM and compressed-tensors' own quantized forward compute: the input quantized to int8 (dynamic: per token,
+``amax / 127.5`` symmetric, ``(max - min) / 255`` with a zero point asymmetric, 0 always representable; static:
+the stored per-tensor scale and zero point), ``torch._int_mm`` with the int8 weight (int32 accumulation, exact),
+then both scales; an input zero point is corrected with the weight's row sums. It takes symmetric channel or
+tensor weights; on CUDA rows are padded to 17 (``_int_mm`` wants more than 16) and K, N must be multiples of 8.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from loader.kernels import KernelChoice, KernelOption, choose_kernel
+
+from .int8_scheme import Int8Activations
+from .kernels import FALLBACK, DequantizeKernel, LayerKernel
+from .kernels import choose_kernel as choose_packed
+from .quantized_weight import QuantizedWeight
+
+__all__ = ["DequantizedKernel", "Int8MatmulKernel", "choose_int8_kernel", "int8_mm_reason", "plan_int8_kernel",
+           "wanted_int8_kernel"]
+
+_CUDA_MIN_ROWS = 17
+
+
+@attrs.frozen(eq=False)
+class DequantizedKernel:
+    """The weight dequantized once, in the load's dtype, then ``F.linear``."""
+
+    weight: torch.Tensor
+    choice: KernelChoice
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
+
+
+@attrs.frozen(eq=False)
+class Int8MatmulKernel:
+    """int8 activations times int8 weights (``torch._int_mm``), both scales applied to the int32 result.
+
+    :ivar codes: int8 ``[N, K]`` (multiplied as its transpose, the column-major ``[K, N]`` cuBLAS wants).
+    :ivar scales: float32 ``[N]``.
+    :ivar row_sums: int32 ``[N]``, each output's code sum (the input zero point's correction).
+    :ivar input_scale: float32 ``[1]`` for static activations (empty for dynamic ones).
+    :ivar input_zero_point: float32 ``[1]`` (0 for symmetric static activations; empty for dynamic ones).
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    row_sums: torch.Tensor
+    input_scale: torch.Tensor
+    input_zero_point: torch.Tensor
+    symmetric_input: bool
+    choice: KernelChoice
+
+    def _quantized_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(codes, scale, zero point)`` of ``x [M, K]`` float32, scales ``[M, 1]`` or ``[1]``."""
+        if self.input_scale.numel():
+            scale, zero = self.input_scale, self.input_zero_point
+        elif self.symmetric_input:
+            scale = x.abs().amax(-1, keepdim=True) / 127.5
+            scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+            zero = torch.zeros_like(scale)
+        else:
+            low = x.amin(-1, keepdim=True).clamp(max=0)
+            high = x.amax(-1, keepdim=True).clamp(min=0)
+            scale = (high - low) / 255
+            scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+            zero = torch.round(-128 - low / scale).clamp(-128, 127)
+        codes = torch.round(x / scale + zero).clamp(-128, 127).to(torch.int8)
+        return codes, scale, zero
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.codes.shape[1]).to(torch.float32)
+        codes, scale, zero = self._quantized_input(flat)
+        rows = codes.shape[0]
+        if codes.device.type == "cuda" and rows < _CUDA_MIN_ROWS:
+            codes = torch.nn.functional.pad(codes, (0, 0, 0, _CUDA_MIN_ROWS - rows))
+        products = torch._int_mm(codes, self.codes.t())[:rows].to(torch.float32)
+        if self.input_scale.numel() == 0 and self.symmetric_input:
+            out = products * scale * self.scales
+        else:
+            out = (products - zero * self.row_sums.to(torch.float32)) * scale * self.scales
+        return out.to(x.dtype).reshape(*x.shape[:-1], -1)
+
+
+def int8_mm_reason(activations: Int8Activations | None, symmetric: bool, group_size: int, k: int, n: int,
+                   device: torch.device) -> str | None:
+    """Why ``int8_mm`` cannot take a layer of this scheme and shape on ``device``, or ``None``."""
+    if activations is None:
+        return "the checkpoint does not quantize activations (W8A16): int8_mm needs their scheme"
+    if not symmetric or group_size != -1:
+        return "int8_mm takes symmetric channel or tensor weights (one scale per output row)"
+    if device.type == "cuda" and (k % 8 or n % 8):
+        return f"torch._int_mm on CUDA needs K and N multiples of 8, found K={k}, N={n}"
+    return None
+
+
+def wanted_int8_kernel(requested: str, has_activations: bool, dtype: torch.dtype, device: torch.device) -> str:
+    """The kernel ``requested`` means for this load: ``auto`` is ``int8_mm`` on CUDA for W8A8 checkpoints
+    (vLLM's path), else ``dequantized`` for float32 CPU loads and ``int8pack`` otherwise (see the module doc)."""
+    if requested != "auto":
+        return requested
+    if device.type == "cuda":
+        return "int8_mm" if has_activations else "dequantized"
+    return "dequantized" if dtype == torch.float32 else "int8pack"
+
+
+def plan_int8_kernel(activations: Int8Activations | None, *, symmetric: bool, group_size: int, k: int, n: int,
+                     requested: str, dtype: torch.dtype, device: torch.device,
+                     packed_plan: KernelChoice) -> KernelChoice:
+    """What :func:`choose_int8_kernel` will choose for a layer of this shape, from shapes alone.
+
+    :param packed_plan: the marlin chooser's plan for the weight, which ``int8pack`` layers follow.
+    """
+    kernel = wanted_int8_kernel(requested, activations is not None, dtype, device)
+    if kernel == "int8pack":
+        return packed_plan
+    if kernel == "int8_mm":
+        reason = int8_mm_reason(activations, symmetric, group_size, k, n, device)
+        return choose_kernel([KernelOption("int8_mm", reason)], "dequantized")
+    return KernelChoice(kernel, f"quantization_options kernel={requested!r}" if requested == kernel else None)
+
+
+def choose_int8_kernel(weight: QuantizedWeight, activations: Int8Activations | None, input_qparams: tuple[float, float]
+                       | None, requested: str, dtype: torch.dtype) -> LayerKernel:
+    """The layer's kernel: ``requested`` (or :func:`wanted_int8_kernel`), else ``dequantized`` with the reason.
+
+    :param input_qparams: ``(scale, zero point)`` of static activations, combined over fused parts.
+    """
+    device = weight.codes.device
+    kernel = wanted_int8_kernel(requested, activations is not None, dtype, device)
+    if kernel == "int8pack":
+        return choose_packed(weight, "int8pack", dtype)
+    if kernel == FALLBACK:
+        return DequantizeKernel(weight, KernelChoice(FALLBACK, "quantization_options kernel='dequantize'"))
+    choice = KernelChoice(kernel, "quantization_options kernel='dequantized'" if requested == kernel else None)
+    if kernel == "int8_mm":
+        reason = int8_mm_reason(activations, weight.is_symmetric(), weight.group_size, weight.in_features,
+                                weight.out_features, device)
+        choice = choose_kernel([KernelOption("int8_mm", reason)], "dequantized")
+    if choice.kernel == "int8_mm":
+        assert activations is not None
+        return _int8_mm(weight, activations, input_qparams, choice)
+    return DequantizedKernel(weight.dequantize(dtype), choice)
+
+
+def _int8_mm(weight: QuantizedWeight, activations: Int8Activations, input_qparams: tuple[float, float] | None,
+             choice: KernelChoice) -> Int8MatmulKernel:
+    codes = (weight.codes.t().to(torch.int16) - 128).to(torch.int8).contiguous()
+    static = torch.tensor([] if input_qparams is None else [input_qparams[0]], dtype=torch.float32)
+    zero = torch.tensor([] if input_qparams is None else [input_qparams[1]], dtype=torch.float32)
+    return Int8MatmulKernel(codes, weight.scales[0].to(torch.float32).contiguous(),
+                            codes.to(torch.int32).sum(-1), static.to(codes.device), zero.to(codes.device),
+                            activations.symmetric, choice)
