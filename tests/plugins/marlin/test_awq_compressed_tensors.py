@@ -127,7 +127,7 @@ def _ct(**weights):
 
 
 @pytest.mark.parametrize(("declared", "error", "message"), [
-    (_ct(num_bits=2), UnsupportedError, "num_bits 2 is not supported; pack-quantized loads 4 or 8 bits"),
+    (_ct(num_bits=2), UnsupportedError, "num_bits 2 is not supported; integer weights load with 4 or 8 bits"),
     (_ct(type="float"), UnsupportedError, "type 'float' is not supported; only 'int'"),
     (_ct(strategy="tensor"), UnsupportedError, "strategy 'tensor' is not supported"),
     (_ct(group_size=None), ConfigError, "strategy 'group' needs a positive group_size, found None"),

@@ -23,7 +23,7 @@ from loader.layers import UnquantizedLinearMethod
 from loader_plugin_marlin.compressed_tensors_config import ct_config_from_checkpoint
 from tests.helpers.compressed_tensors_checkpoints import ct_group, pack_compressed_tensors
 from tests.helpers.gptq_checkpoints import LINEARS, input_seed, save_packed_checkpoint
-from tests.helpers.hf_checkpoints import reference_logits, relative_error
+from tests.helpers.hf_checkpoints import build_model, reference_logits, relative_error
 from tests.helpers.model_checks import random_ids
 
 ATTENTION = r"re:.*self_attn\.(q|k|v|o)_proj$"
@@ -82,16 +82,40 @@ def test_a_more_specific_target_wins_over_the_class(tmp_path) -> None:
     assert report.quantization["layers"]["model.layers.0.mlp.gate_up_proj"]["kernel"] == "int4pack"
 
 
-def test_a_dense_group_keeps_its_layers_in_floating_point(tmp_path) -> None:
+def test_a_dense_group_is_quantized_at_load_as_compressed_tensors_forward_does(tmp_path) -> None:
+    """Saved uncompressed (``frozen``): the float weights are not the quantized ones; their scales say how."""
     declared = _config({"mlp": ct_group(4, 32, sym=True, targets=(MLP,)),
                         "attention": ct_group(8, -1, sym=True, targets=(ATTENTION,), fmt="dense")}, ["lm_head"])
     path, reference = _save("llama", tmp_path, declared, {r".*mlp": (4, 32, True), ".*": (8, -1, True)})
-    tensors = load_file(path / "model.safetensors")  # saved dense: float weights beside their saved scales
-    tensors = {name: t for name, t in tensors.items() if ".self_attn." not in name}
+    tensors = {name: t for name, t in load_file(path / "model.safetensors").items() if ".self_attn." not in name}
+    float_weights = build_model("llama", reference.config, seed=7).state_dict()
+    for name, param in reference.state_dict().items():
+        if ".self_attn." not in name:
+            continue
+        weight = float_weights[name]
+        tensors[name] = weight.contiguous()
+        if name.endswith("proj.weight"):
+            scale = weight.abs().amax(dim=1, keepdim=True) / 127
+            tensors[name.replace(".weight", ".weight_scale")] = scale
+            tensors[name.replace(".weight", ".weight_zero_point")] = torch.zeros_like(scale, dtype=torch.int8)
+            weight = torch.round(torch.clamp(weight / scale, -128, 127)) * scale
+        with torch.no_grad():
+            param.copy_(weight)
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    model, report = loader.load_model_with_report(str(path), dtype="float32")
+    assert _error(model, reference) <= 1e-3
+    assert report.quantization["layers"]["model.layers.0.self_attn.qkv_proj"]["kernel"] == "int8pack"
+
+
+def test_a_dense_group_without_weight_quantization_keeps_its_floats(tmp_path) -> None:
+    declared = _config({"mlp": ct_group(4, 32, sym=True, targets=(MLP,)),
+                        "attention": {"targets": [ATTENTION], "weights": None, "format": "dense"}}, ["lm_head"])
+    path, reference = _save("llama", tmp_path, declared, {r".*mlp": (4, 32, True), ".*": (8, -1, True)})
+    tensors = {name: t for name, t in load_file(path / "model.safetensors").items() if ".self_attn." not in name}
     for name, param in reference.state_dict().items():
         if ".self_attn." in name:
             tensors[name] = param.contiguous()
-            if name.endswith("proj.weight"):
+            if name.endswith("proj.weight"):  # an observer's leftovers, saved beside an unquantized weight
                 tensors[name.replace(".weight", ".weight_scale")] = torch.ones(param.shape[0], 1)
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     model = loader.load_model(str(path), dtype="float32")

@@ -34,6 +34,8 @@ from loader.layers import FusedMoE, LinearBase, ParallelLMHead, QuantizationConf
 
 from .compressed_tensors_format import pack_quantized_scheme
 from .config import kernel_option
+from .dense_frozen_format import dense_frozen_scheme
+from .fp4_config import fp4_scheme_from_ct
 
 if TYPE_CHECKING:
     from torch import nn
@@ -48,6 +50,7 @@ _WHERE = "config.json quantization_config"
 SchemeFactory = Callable[[str, Mapping[str, Any], Mapping[str, Any] | None], QuantizationConfig]
 
 FORMAT_SCHEMES: dict[str, SchemeFactory] = {"pack-quantized": pack_quantized_scheme}
+FORMAT_SCHEMES.update({"nvfp4-pack-quantized": fp4_scheme_from_ct, "mxfp4-pack-quantized": fp4_scheme_from_ct})
 """Each ``format`` this plugin loads → the factory of one group's config (``dense`` needs none)."""
 
 DENSE = "dense"
@@ -90,7 +93,8 @@ class CompressedTensorsConfig(QuantizationConfig):
 
     :ivar matched: each target that matched a layer while the model was built, ``(group, target)``.
     :ivar kv_scales: the KV cache scales taken from the checkpoint, by tensor name.
-    :ivar dense_modules: the checkpoint modules of ``dense`` groups (their saved scales are set aside).
+    :ivar dense_modules: the checkpoint modules of groups that quantize nothing (their saved observer tensors
+        are set aside).
     """
 
     name: ClassVar[str] = METHOD_NAME
@@ -262,7 +266,7 @@ def _group(name: str, scheme: Any, global_format: Any, options: Mapping[str, Any
         raise ConfigError(f"{_WHERE}: config_groups.{name}.targets is empty; name the layers the scheme applies to")
     fmt = scheme.get("format") or global_format
     if fmt == DENSE:
-        return SchemeGroup(name, targets, DENSE, None, _summary(scheme))
+        return SchemeGroup(name, targets, DENSE, dense_frozen_scheme(name, scheme, options), _summary(scheme))
     factory = FORMAT_SCHEMES.get(fmt) if isinstance(fmt, str) else None
     if factory is None:
         known = sorted([*FORMAT_SCHEMES, DENSE])

@@ -40,7 +40,7 @@ from .layer_geometry import LayerGeometry
 from .param_specs import ParamSpec
 from .quantized_weight import QuantizedWeight, default_g_idx
 
-__all__ = ["CompressedTensorsLayout", "PackQuantizedConfig", "pack_quantized_scheme"]
+__all__ = ["CompressedTensorsLayout", "PackQuantizedConfig", "group_settings", "pack_quantized_scheme"]
 
 METHOD_NAME = "compressed-tensors"
 FORMAT = "pack-quantized"
@@ -113,18 +113,13 @@ def _weights(name: str, scheme: Mapping[str, Any]) -> Mapping[str, Any]:
     return weights
 
 
-def pack_quantized_scheme(name: str, scheme: Mapping[str, Any],
-                          options: Mapping[str, Any] | None = None) -> PackQuantizedConfig:
-    """The config of one ``pack-quantized`` group (``name`` in ``config_groups``); every bad field is named.
-
-    The group's layers are chosen by :class:`~loader_plugin_marlin.compressed_tensors_config.CompressedTensorsConfig`
-    (targets, ``ignore``), so this config quantizes whatever it is asked for, the output head included.
-    """
+def group_settings(name: str, scheme: Mapping[str, Any]) -> tuple[int, int, bool, bool]:
+    """``(bits, group_size, act_order, sym)`` of an integer weight-only group; every bad field is named."""
     weights = _weights(name, scheme)
     where = f"{_WHERE} config_groups.{name}.weights"
     bits = weights.get("num_bits")
     if isinstance(bits, bool) or bits not in (4, 8):
-        raise UnsupportedError(f"{where}: num_bits {bits!r} is not supported; pack-quantized loads 4 or 8 bits")
+        raise UnsupportedError(f"{where}: num_bits {bits!r} is not supported; integer weights load with 4 or 8 bits")
     if weights.get("type", "int") != "int":
         raise UnsupportedError(f"{where}: type {weights.get('type')!r} is not supported; only 'int'")
     strategy = weights.get("strategy")
@@ -144,7 +139,16 @@ def pack_quantized_scheme(name: str, scheme: Mapping[str, Any],
     symmetric = weights.get("symmetric", True)
     if not isinstance(symmetric, bool):
         raise ConfigError(f"{where}: symmetric must be true or false, found {symmetric!r}")
-    return PackQuantizedConfig(
-        bits=int(bits), group_size=int(group_size), act_order=actorder == "group" and group_size != -1,
-        sym=symmetric, kernel=kernel_option(options, METHOD_NAME), lm_head=True,
-    )
+    return int(bits), int(group_size), actorder == "group" and group_size != -1, symmetric
+
+
+def pack_quantized_scheme(name: str, scheme: Mapping[str, Any],
+                          options: Mapping[str, Any] | None = None) -> PackQuantizedConfig:
+    """The config of one ``pack-quantized`` group (``name`` in ``config_groups``); every bad field is named.
+
+    The group's layers are chosen by :class:`~loader_plugin_marlin.compressed_tensors_config.CompressedTensorsConfig`
+    (targets, ``ignore``), so this config quantizes whatever it is asked for, the output head included.
+    """
+    bits, group_size, act_order, sym = group_settings(name, scheme)
+    return PackQuantizedConfig(bits=bits, group_size=group_size, act_order=act_order, sym=sym,
+                               kernel=kernel_option(options, METHOD_NAME), lm_head=True)
