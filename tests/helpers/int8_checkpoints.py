@@ -25,7 +25,13 @@ from typing import Any
 
 import torch
 
+import loader
+from loader._plugins import create_plugin_host
+from loader_plugin_marlin.int8_config import int8_scheme_from_ct
 from tests.helpers.gptq_checkpoints import LINEARS, save_packed_checkpoint
+
+METHOD = "int8-test"
+"""The ``quantization=`` name :class:`Int8GroupPlugin` answers."""
 
 STATIC_INPUT_SCALE = 0.03
 """The per-tensor ``input_scale`` written for static activations (one input feeds every fused part)."""
@@ -120,3 +126,22 @@ def fake_quantize_inputs(model: Any, activations: dict[str, Any]) -> Any:
         if name.rpartition(".")[2] in LINEARS:
             module.register_forward_pre_hook(lambda _module, args: (fake_quantize(args[0], activations),))
     return model
+
+
+class Int8GroupPlugin:
+    """Answers ``quantization="int8-test"`` with ``int8_scheme_from_ct`` of the checkpoint's ``group_0``: every
+    linear layer is an int8 layer of that group (the compressed-tensors dispatcher is tested on its own)."""
+
+    @loader.hookimpl
+    def loader_detect_quantization(self, hf_config: Any, requested: str | None, options: Any) -> Any:
+        if requested != METHOD:
+            return None
+        scheme = hf_config["quantization_config"]["config_groups"]["group_0"]
+        return int8_scheme_from_ct("group_0", scheme, options.quantization_options)
+
+
+def int8_host() -> Any:
+    """A plugin host with :class:`Int8GroupPlugin` registered."""
+    host = create_plugin_host()
+    host.register(Int8GroupPlugin(), METHOD)
+    return host

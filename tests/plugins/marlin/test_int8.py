@@ -13,39 +13,25 @@ import pytest
 import torch
 
 import loader
-from loader._plugins import create_plugin_host
 from loader.errors import CheckpointFormatError, ShapeMismatchError, UnsupportedError
 from loader.kernels import KernelChoice
 from loader_plugin_marlin.int8_config import int8_scheme_from_ct
 from loader_plugin_marlin.int8_kernels import plan_int8_kernel, wanted_int8_kernel
+from loader_plugin_marlin.int8_method import Int8LayerState, Int8LinearMethod
 from loader_plugin_marlin.int8_scheme import Int8Activations
 from loader_plugin_marlin.kernels import choose_kernel
 from loader_plugin_marlin.quantized_weight import QuantizedWeight, default_g_idx
 from tests.helpers.compressed_tensors_checkpoints import save_ct_checkpoint
 from tests.helpers.hf_checkpoints import reference_logits, relative_error
-from tests.helpers.int8_checkpoints import fake_quantize_inputs, int8_scheme, save_int8_checkpoint
+from tests.helpers.int8_checkpoints import METHOD, fake_quantize_inputs, int8_host, int8_scheme, save_int8_checkpoint
 from tests.helpers.model_checks import random_ids
 
-METHOD = "int8-test"
 SIZES = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
 
 
-class _Int8Group:
-    """Answers ``quantization="int8-test"`` with the config of the checkpoint's ``group_0``."""
-
-    @loader.hookimpl
-    def loader_detect_quantization(self, hf_config, requested, options):
-        if requested != METHOD:
-            return None
-        scheme = hf_config["quantization_config"]["config_groups"]["group_0"]
-        return int8_scheme_from_ct("group_0", scheme, options.quantization_options)
-
-
 def _load(path, dtype="float32", options=None):
-    host = create_plugin_host()
-    host.register(_Int8Group(), METHOD)
     return loader.load_model_with_report(str(path), dtype=dtype, quantization=METHOD, quantization_options=options,
-                                         host=host)
+                                         host=int8_host())
 
 
 def _logits(model, ids):
@@ -183,3 +169,18 @@ def _rewrite(path, name, change):
     tensors = load_file(file)
     tensors[name] = change(tensors[name]).contiguous()
     save_file(tensors, file, metadata={"format": "pt"})
+
+
+def test_static_input_scales_of_fused_parts_unite_their_ranges():
+    """q, k and v read one input, quantized once: symmetric parts take the largest scale (vLLM's max); with zero
+    points the range covering every part's range."""
+    symmetric = Int8LinearMethod(int8_scheme_from_ct("g", int8_scheme("channel", activations="tensor"), None))
+    state = Int8LayerState("qkv", (("q", 0, 4), ("k", 4, 2), ("v", 6, 2)), 8, 8, torch.float32,
+                           per_tensor={"input_scale": {"q": 0.02, "k": 0.03, "v": 0.01}})
+    assert symmetric._input_qparams(state) == (0.03, 0.0)
+    asymmetric = Int8LinearMethod(int8_scheme_from_ct("g", int8_scheme("channel", activations="tensor",
+                                                                       activation_symmetric=False), None))
+    state.per_tensor["input_zero_point"] = {"q": 10.0, "k": -10.0, "v": 0.0}
+    scale, zero = asymmetric._input_qparams(state)
+    low, high = min((-128 - 10) * 0.02, (-128 + 10) * 0.03), max((127 - 10) * 0.02, (127 + 10) * 0.03)
+    assert scale == pytest.approx((high - low) / 255) and zero == round(-128 - low / scale)
