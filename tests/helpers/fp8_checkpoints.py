@@ -80,6 +80,8 @@ def quantize_tensor(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def fake_quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``x`` on the FP8 grid of ``scale``, computed in ``x``'s dtype (as compressed-tensors does)."""
+    scale = scale.to(x.dtype)
     return fp8_round(x / scale).to(x.dtype) * scale
 
 

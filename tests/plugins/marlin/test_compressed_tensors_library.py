@@ -128,19 +128,20 @@ def test_the_fp8_packer_writes_the_library_s_tensors(layout):
     assert torch.equal(back["weight"].to(torch.float32), dequantized)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("layout", ["ct-tensor-dynamic", "ct-channel-token", "ct-block-group", "ct-tensor-static"])
-def test_input_rounding_is_the_library_s_forward_quantize(layout):
+def test_input_rounding_is_the_library_s_forward_quantize(layout, dtype):
     """What compressed-tensors' decompressed forward does to a linear's input, bit for bit: the reference's
-    pre-hook and the loader's emulation."""
+    pre-hook and the loader's emulation (a model's scales are in its dtype)."""
     from compressed_tensors.quantization import QuantizationScheme, QuantizationStatus
     from compressed_tensors.quantization.lifecycle.forward import forward_quantize
 
     scheme = QuantizationScheme.model_validate(ct_fp8_group(layout, (32, 32)))
     module = torch.nn.Linear(64, 8)
     module.quantization_status = QuantizationStatus.DECOMPRESSED
-    static = torch.tensor([0.004])
+    static = torch.tensor([0.004], dtype=dtype)
     module.input_scale = torch.nn.Parameter(static.clone(), requires_grad=False)
-    x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(7))
+    x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(7)).to(dtype)
     x[1, 2] = 0.0  # a zero row: the scale's epsilon
     expected = forward_quantize(module, x, "input", scheme.input_activations)
     hook = input_rounding(layout, 32, static)

@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from loader._pipeline.load import load_model_with_report
+from loader._pipeline.plan import plan_layers
 from loader.errors import CheckpointFormatError, ShapeMismatchError, UnsupportedError
 from loader.kernels import KernelChoice
 from loader.layers import QKVParallelLinear
@@ -27,7 +28,7 @@ from loader_plugin_marlin.fp8_method import Fp8LinearMethod
 from tests.helpers.ct_fp8_standin import host_with_ct_standin
 from tests.helpers.fp8_checkpoints import LAYOUTS, ct_fp8_group, save_fp8_checkpoint
 from tests.helpers.hf_checkpoints import reference_logits, relative_error
-from tests.helpers.model_checks import random_ids
+from tests.helpers.model_checks import BF16_TOLERANCE, random_ids
 
 TOLERANCE = 1e-3
 
@@ -53,6 +54,32 @@ def test_logits_match_the_dequantized_reference(tmp_path, layout, family):
     assert set(layers) == {f"model.layers.{i}.{name}" for i in range(2)
                            for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")}
     assert {record["kernel"] for record in layers.values()} == {"fp8_dequantized"}
+
+
+@pytest.mark.parametrize("layout", ["fp8-block", "fp8-tensor"])
+def test_transformers_reads_the_fp8_checkpoints_as_the_loader_does(tmp_path, layout):
+    """transformers loads ``quant_method: fp8`` on the CPU by dequantizing (inputs unrounded): the same logits.
+    (It refuses a partial last block there, which the loader reads: test_partial_last_blocks_load.)"""
+    import transformers
+
+    path, _ = save_fp8_checkpoint("qwen2", tmp_path / "m", layout)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model, _ = load(path, layout)
+    assert logits_error(model, theirs) <= 1e-6
+
+
+@pytest.mark.parametrize("layout", ["fp8-block", "ct-channel-token", "ct-tensor-static"])
+def test_a_bfloat16_load_holds_the_weight_in_bfloat16(tmp_path, layout):
+    """Against the reference run in bfloat16 too: rounding inputs to FP8 (6 % steps) turns bfloat16's small
+    differences into whole steps, so the float32 reference is ~3e-2 away for the layouts that round them."""
+    path, reference = save_fp8_checkpoint("llama", tmp_path / "m", layout)
+    host = host_with_ct_standin() if layout.startswith("ct-") else None
+    model, _ = load_model_with_report(str(path), dtype="bfloat16", host=host)
+    assert model.model.layers[0].self_attn.qkv_proj.fp8_weight.dtype == torch.bfloat16
+    ids = random_ids(reference.config.vocab_size)
+    with torch.no_grad():
+        expected = reference_logits(reference.to(torch.bfloat16), ids).float()
+        assert relative_error(model(ids).float(), expected) <= BF16_TOLERANCE
 
 
 def test_activation_rounding_is_part_of_the_reference(tmp_path):
@@ -97,6 +124,18 @@ def test_layer_plan_returns_the_recorded_kernel_choice(tmp_path):
     assert plan == KernelChoice("fp8_dequantized")
     assert report.quantization["layers"]["model.layers.1.self_attn.qkv_proj"] == plan.record()
     assert report.quantization["weights"] == "block" and report.quantization["block"] == [32, 32]
+
+
+@pytest.mark.parametrize(("layout", "options"), [("fp8-block", None), ("fbgemm", {"kernel": "scaled_mm"}),
+                                                ("ct-tensor-static", {"kernel": "scaled_mm"})])
+def test_inspect_plans_from_shapes_what_the_load_records(tmp_path, layout, options):
+    """``loader inspect --layers`` (the model on ``meta``, no weights read) plans each layer's recorded kernel."""
+    path, _ = save_fp8_checkpoint("llama", tmp_path / "m", layout)
+    host = host_with_ct_standin() if layout.startswith("ct-") else None
+    planned = plan_layers(str(path), dtype="float32", quantization_options=options, host=host)
+    _, report = load(path, layout, quantization_options=options)
+    assert planned["layers"] == report.quantization["layers"]
+    assert len(planned["layers"]) == 8
 
 
 def _geometry_of(scheme_config, tp_rank=0, tp_size=1, hidden=256, heads=2):

@@ -14,7 +14,7 @@ per-row quantization gives its GPU kernel:
 * static: the layer's stored ``input_scale``;
 
 then ``clamp(x / scale, ±448)`` is cast to ``float8_e4m3fn`` (round to nearest even)
-and multiplied back. A zero scale becomes float32's epsilon, as compressed-tensors does.
+and multiplied back, all in the input's dtype; a zero scale becomes that dtype's epsilon, as in compressed-tensors.
 A row-parallel layer sees only its share of the input columns, so per-row and
 per-tensor maxima are gathered over the tensor-parallel ranks: every rank uses
 the scale the whole row would get.
@@ -61,18 +61,18 @@ def dynamic_input_scale(values: torch.Tensor, acts: ActivationQuant, split_input
 
 def emulated_input(x: torch.Tensor, acts: ActivationQuant, input_scale: torch.Tensor | None,
                    split_input: bool) -> torch.Tensor:
-    """``x`` quantized to FP8 and dequantized (in float32), returned in ``x``'s dtype.
+    """``x`` quantized to FP8 and dequantized, computed in ``x``'s dtype as compressed-tensors does.
 
     :param input_scale: the stored scale of static activations (``None`` for dynamic ones).
     :param split_input: the layer is row-parallel: maxima are gathered over the ranks.
     """
-    values = x.to(torch.float32)
+    values = x
     if not acts.dynamic:
         assert input_scale is not None
-        return fake_quantize(values, input_scale.to(torch.float32)).to(x.dtype)
+        return fake_quantize(values, input_scale.to(x.dtype))
     if acts.strategy == "group":
         assert acts.group_size is not None
         groups = values.unflatten(-1, (-1, acts.group_size))
         scale = _scale_from_max(groups.abs().amax(dim=-1, keepdim=True), acts)
-        return fake_quantize(groups, scale).flatten(-2).to(x.dtype)
-    return fake_quantize(values, dynamic_input_scale(values, acts, split_input)).to(x.dtype)
+        return fake_quantize(groups, scale).flatten(-2)
+    return fake_quantize(values, dynamic_input_scale(values, acts, split_input))
