@@ -8,8 +8,14 @@ route them like dense weights (``qkv_proj.weight_scale`` from
 part. After loading, :func:`~.fp8_kernels.plan_fp8_kernel` chooses the kernel
 for the device, :func:`~.fp8_kernels.build_fp8_kernel` builds it, and the
 kernel's tensors replace the checkpoint parameters as the layer's buffers
-(``fp8_weight``, ...), so ``model.to`` moves them. A live weight update is refused
-(the base method's answer): the FP8 weight is gone once dequantized.
+(``fp8_weight``, ...), so ``model.to`` moves them.
+
+A live weight update (``loader.update_weights``) reopens the layer: the
+checkpoint parameters come back, the new FP8 tensors land in them as at load,
+and the second post-processing builds the same kernel and copies it into the
+existing buffers (same storage) — once the layer was given its whole tensor set,
+every part of a fused layer, since one part's scale alone cannot be applied to
+a weight already dequantized.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from loader.models import current_session
 from .fp8_kernels import DequantizedFp8Kernel, ScaledMmFp8Kernel, build_fp8_kernel, device_capability, plan_fp8_kernel
 from .fp8_loading import land_block_scales, land_fp8_weight, land_part_scalar, land_row_scales
 from .fp8_scheme import Fp8Geometry, Fp8ParamSpec, fp8_geometry, fp8_param_specs
-from .layer_kernels import register_kernel_buffers, with_layer_buffers
+from .layer_kernels import refill_kernel_buffers, register_kernel_buffers, with_layer_buffers
 
 if TYPE_CHECKING:
     from torch import nn
@@ -44,12 +50,19 @@ BUFFER_PREFIX = "fp8_"
 
 @attrs.define
 class Fp8LayerState:
-    """One layer's share of the checkpoint, the tensors it holds until loaded, and then its kernel."""
+    """One layer's share of the checkpoint, the tensors it holds until loaded, and then its kernel.
+
+    :ivar weight_loader: the layer's own loader, kept to reopen the layer for an update.
+    :ivar update: during an update, the parts written so far by tensor (``None`` outside one: a part ``None``
+        is the whole tensor).
+    """
 
     geometry: Fp8Geometry
     names: tuple[str, ...]
     params_dtype: torch.dtype
+    weight_loader: WeightLoader
     kernel: DequantizedFp8Kernel | ScaledMmFp8Kernel | None = None
+    update: dict[str, set[object]] | None = None
 
 
 class Fp8LinearMethod(LinearMethodBase):
@@ -70,11 +83,22 @@ class Fp8LinearMethod(LinearMethodBase):
                 f"{geometry.prefix}: activations are quantized in groups of {acts.group_size} input columns, but "
                 f"this rank's input has {geometry.cols} columns (of {geometry.input_size})")
         specs = fp8_param_specs(scheme, geometry)
+        self._register_params(linear, geometry, specs, shape.weight_loader, recording=False)
+        self.set_layer_state(layer, Fp8LayerState(geometry, tuple(spec.name for spec in specs), shape.params_dtype,
+                                                  shape.weight_loader))
+
+    def _register_params(self, layer: LinearBase, geometry: Fp8Geometry, specs: list[Fp8ParamSpec],
+                         weight_loader: WeightLoader, *, recording: bool, device: torch.device | None = None) -> None:
+        """The checkpoint tensors as parameters; ``recording``: each write noted for :meth:`check_update`."""
         for spec in specs:
-            param = torch.nn.Parameter(torch.empty(spec.shape, dtype=spec.dtype), requires_grad=False)
-            set_param_layout(param, self._layout(geometry, spec, shape.weight_loader))
-            linear.register_parameter(spec.name, param)
-        self.set_layer_state(layer, Fp8LayerState(geometry, tuple(spec.name for spec in specs), shape.params_dtype))
+            param = torch.nn.Parameter(torch.empty(spec.shape, dtype=spec.dtype, device=device), requires_grad=False)
+            layout = self._layout(geometry, spec, weight_loader)
+            if recording:
+                assert layout.weight_loader is not None
+                note = functools.partial(self._record_write, layer, spec.name, layout.weight_loader)
+                layout = attrs.evolve(layout, weight_loader=note)
+            set_param_layout(param, layout)
+            layer.register_parameter(spec.name, param)
 
     @staticmethod
     def _layout(geometry: Fp8Geometry, spec: Fp8ParamSpec, weight_loader: WeightLoader) -> ParamLayout:
@@ -98,19 +122,83 @@ class Fp8LinearMethod(LinearMethodBase):
         return self._plan(self.layer_state(layer, Fp8LayerState).geometry, current_session().device)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """Choose and build the kernel, then keep its tensors as the layer's buffers instead of the parameters."""
+        """Choose and build the kernel, then keep its tensors as the layer's buffers instead of the parameters.
+
+        After an update the same kernel is built from the new tensors and copied into the existing buffers.
+        """
         state = self.layer_state(layer, Fp8LayerState)
-        if state.kernel is not None:
+        if state.kernel is not None and state.update is None:
             return
         tensors = {name: cast(torch.Tensor, getattr(layer, name)).data for name in state.names}
-        choice = self._plan(state.geometry, tensors["weight"].device)
+        choice = state.kernel.choice if state.kernel is not None else self._plan(state.geometry,
+                                                                                  tensors["weight"].device)
         kernel = build_fp8_kernel(choice, self.config.scheme, state.geometry, tensors, state.params_dtype)
         del tensors
         for name in state.names:
             delattr(layer, name)
+        if state.kernel is not None:
+            state.update = None
+            refill_kernel_buffers(layer, self.kernel(layer), kernel, BUFFER_PREFIX)
+            return
         register_kernel_buffers(layer, kernel, BUFFER_PREFIX)
         state.kernel = kernel
         self.config.kernel_log[state.geometry.prefix] = choice
+
+    # -- live weight updates ----------------------------------------------------------------------------------
+
+    def weight_update_refusal(self, layer: nn.Module) -> str | None:
+        """``None`` once :meth:`open_for_update` gave the layer its checkpoint tensors back as parameters."""
+        if self.layer_state(layer, Fp8LayerState).update is not None:
+            return None
+        return (f"its quantize method {type(self).__name__} keeps it as kernel buffers and was not opened for this "
+                "update (its tensors were not among the update's names)")
+
+    def open_for_update(self, layer: nn.Module) -> None:
+        """Register the checkpoint tensors' parameters again (on the buffers' device), each write recorded."""
+        state = self.layer_state(layer, Fp8LayerState)
+        if state.kernel is None:
+            return
+        if state.update is not None:  # after a probe: the same parameters, nothing written yet
+            state.update = {}
+            return
+        specs = fp8_param_specs(self.config.scheme, state.geometry)
+        self._register_params(cast("LinearBase", layer), state.geometry, specs, state.weight_loader, recording=True,
+                              device=next(layer.buffers()).device)
+        state.update = {}
+
+    def _record_write(self, layer: nn.Module, name: str, weight_loader: WeightLoader, param: torch.Tensor,
+                      loaded: object, shard_id: object = None) -> None:
+        state = self.layer_state(layer, Fp8LayerState)
+        if state.update is not None:
+            state.update.setdefault(name, set()).add(shard_id)
+        weight_loader(param, loaded, shard_id)
+
+    def check_update(self, layer: nn.Module) -> None:
+        """Every tensor of the layer, every part of it: the kernel is rebuilt from the whole set."""
+        state = self.layer_state(layer, Fp8LayerState)
+        if state.update is None:
+            return
+        written = state.update
+        parts = len(state.geometry.parts)
+        missing = [name for name in state.names
+                   if not (None in written.get(name, ()) or len(written.get(name, ())) >= parts)]
+        if missing:
+            given = ", ".join(f"{name} ({_parts_text(written[name])})" for name in state.names if name in written)
+            raise UnsupportedError(
+                f"layer {state.geometry.prefix!r} ({type(self).__name__}) was given {given or 'none'} but not all "
+                f"of {', '.join(missing)}: an FP8 layer is rebuilt from its whole tensor set "
+                f"({', '.join(state.names)}, every part of a fused layer); give all of them or none")
+
+    def close_update(self, layer: nn.Module) -> None:
+        """Drop the reopened parameters the update did not consume."""
+        state = self.layer_state(layer, Fp8LayerState)
+        if state.update is None:
+            return
+        held = dict(layer.named_parameters(recurse=False))
+        for name in state.names:
+            if name in held:
+                delattr(layer, name)
+        state.update = None
 
     def kernel(self, layer: nn.Module) -> DequantizedFp8Kernel | ScaledMmFp8Kernel:
         """The kernel built after loading, around the layer's current buffers (rebuilt after ``layer.to``)."""
@@ -123,3 +211,7 @@ class Fp8LinearMethod(LinearMethodBase):
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         out = self.kernel(layer).matmul(x)
         return out if bias is None else out + bias.to(out.dtype)
+
+
+def _parts_text(parts: set[object]) -> str:
+    return "whole" if None in parts else "parts " + ", ".join(str(part) for part in sorted(parts, key=str))
