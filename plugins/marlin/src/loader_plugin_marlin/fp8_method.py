@@ -69,6 +69,7 @@ class Fp8LinearMethod(LinearMethodBase):
     """One FP8 linear layer: created, loaded, given a kernel and multiplied."""
 
     layer_state_attr = "fp8_state"
+    process_weights_concurrently = True  # reads its own parameters, writes its own buffers; dequantizes in torch ops
 
     def __init__(self, config: Fp8Config) -> None:
         self.config = config
