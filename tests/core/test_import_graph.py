@@ -14,7 +14,7 @@ from tests.helpers.import_graph import build_import_graph, package_roots
 
 REPO = Path(__file__).resolve().parents[2]
 
-FUNCTION_LEVEL_IMPORTS_AT_MOST = 55
+FUNCTION_LEVEL_IMPORTS_AT_MOST = 56  # +1: marlin's post-load hook (KV cache scales), lazy like its detection
 """First-party imports still made inside functions. Each one left keeps a light module light (``import loader``,
 an entry-point module, the CLI before it needs torch) or defers an optional part; lower it when you move one to
 the top, never raise it to hide a cycle."""

@@ -158,3 +158,24 @@ def test_grouped_heads_are_bit_equal_to_repeated_kv(num_queries, window):
         mask = attention_mask(num_queries, 6, window, q.device)
         ref = F.scaled_dot_product_attention(q, rk, rv, attn_mask=mask, scale=attn.scaling)
     assert torch.equal(ours, ref.transpose(1, 2).reshape(ours.shape))
+
+
+def test_fp8_kv_scales_round_keys_and_values_as_an_fp8_cache_stores_them():
+    q, k, v = _qkv(6)
+    attn = Attention(HEADS, DIM, KV_HEADS)
+    attn.set_kv_cache_scales(0.01, 0.02)
+    k8 = (k / 0.01).clamp(-448, 448).to(torch.float8_e4m3fn).float() * 0.01
+    v8 = (v / 0.02).clamp(-448, 448).to(torch.float8_e4m3fn).float() * 0.02
+    assert not torch.equal(k8, k)
+    torch.testing.assert_close(attn(q, k, v), _naive(q, k8, v8), rtol=1e-5, atol=1e-5)
+    assert float(attn.k_scale) == pytest.approx(0.01) and "kv_cache=fp8" in repr(attn)
+    cache = KVCache(1)
+    out = torch.cat([attn(q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1], cache) for i in range(6)], dim=1)
+    torch.testing.assert_close(cache.keys[0], k8)
+    torch.testing.assert_close(out, attn(q, k, v), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("inf"), float("nan")])
+def test_a_kv_scale_that_is_not_positive_and_finite_is_refused(scale):
+    with pytest.raises(ValueError, match=rf"k_scale must be a positive finite number, got {scale}"):
+        Attention(HEADS, DIM, KV_HEADS).set_kv_cache_scales(scale, 1.0)

@@ -85,6 +85,13 @@ class KVCache:
         self._buffers = [None] * self.num_layers
 
 
+def _fp8_rounded(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``x`` rounded to what an FP8 E4M3 cache under ``scale`` stores: ``fp8(clamp(x / scale)) * scale``."""
+    limit = torch.finfo(torch.float8_e4m3fn).max
+    scaled = torch.clamp(x / scale.to(x.dtype), -limit, limit)
+    return (scaled.to(torch.float8_e4m3fn).to(torch.float32) * scale).to(x.dtype)
+
+
 def attention_mask(
     num_queries: int, num_keys: int, sliding_window: int | None, device: torch.device
 ) -> torch.Tensor:
@@ -133,11 +140,28 @@ class Attention(nn.Module):
         self.scaling = scaling if scaling is not None else head_dim**-0.5
         self.sliding_window = sliding_window
         self.layer_idx = layer_idx
+        self.kv_fp8 = False
+
+    def set_kv_cache_scales(self, k_scale: float, v_scale: float) -> None:
+        """Keep keys and values at FP8 (E4M3) precision under these per-tensor scales, as an FP8 KV cache does.
+
+        A checkpoint calibrated for an FP8 KV cache (compressed-tensors ``kv_cache_scheme``) was evaluated with
+        each new key and value rounded to ``fp8(x / scale) * scale`` before it is cached; the same rounding here
+        gives the logits its producer measured. The cache keeps the rounded values in the model's dtype (the
+        memory an FP8 cache saves is not taken). The scales are buffers ``k_scale``/``v_scale`` (float32).
+        """
+        for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if not value > 0 or value == float("inf"):
+                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+            self.register_buffer(name, torch.tensor(float(value), dtype=torch.float32))
+        self.kv_fp8 = True
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache | None = None
     ) -> torch.Tensor:
         batch, _, num_queries, _ = q.shape
+        if self.kv_fp8:
+            k, v = _fp8_rounded(k, self.get_buffer("k_scale")), _fp8_rounded(v, self.get_buffer("v_scale"))
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
         num_keys = k.shape[-2]
@@ -158,5 +182,5 @@ class Attention(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
-            f"sliding_window={self.sliding_window}, layer={self.layer_idx}"
+            f"sliding_window={self.sliding_window}, layer={self.layer_idx}" + (", kv_cache=fp8" if self.kv_fp8 else "")
         )

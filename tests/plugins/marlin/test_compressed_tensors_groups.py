@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 import loader
 from loader._pipeline.plan import plan_layers
-from loader.errors import ConfigError, UnsupportedError
+from loader.errors import CheckpointFormatError, ConfigError, UnsupportedError
 from loader.layers import UnquantizedLinearMethod
 from loader_plugin_marlin.compressed_tensors_config import ct_config_from_checkpoint
 from tests.helpers.compressed_tensors_checkpoints import ct_group, pack_compressed_tensors
@@ -123,7 +123,7 @@ def test_a_dense_group_without_weight_quantization_keeps_its_floats(tmp_path) ->
     assert isinstance(model.model.layers[0].self_attn.qkv_proj.quant_method, UnquantizedLinearMethod)
 
 
-def test_kv_cache_scales_are_taken_aside_and_reported(tmp_path) -> None:
+def _kv_checkpoint(tmp_path: Path, skip: str | None = None) -> tuple[Path, Any]:
     declared = _config({"group_0": ct_group(4, 32, sym=True)}, ["lm_head"],
                        kv_cache_scheme={"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False,
                                         "symmetric": True})
@@ -131,12 +131,28 @@ def test_kv_cache_scales_are_taken_aside_and_reported(tmp_path) -> None:
     tensors = load_file(path / "model.safetensors")
     for layer in range(reference.config.num_hidden_layers):
         for which in ("k", "v"):
-            tensors[f"model.layers.{layer}.self_attn.{which}_scale"] = torch.tensor(0.02)
+            tensors[f"model.layers.{layer}.self_attn.{which}_scale"] = torch.tensor(0.002)
+    tensors.pop(skip, None)
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    return path, reference
+
+
+def test_kv_cache_scales_reach_the_attention_layers_which_round_keys_and_values(tmp_path) -> None:
+    path, reference = _kv_checkpoint(tmp_path)
     model, report = loader.load_model_with_report(str(path), dtype="float32")
-    assert _error(model, reference) <= 1e-3
-    assert report.quantization["kv_cache"]["scales"] == 2 * reference.config.num_hidden_layers
-    assert report.quantization["kv_cache"]["applied"] is False
+    layers = reference.config.num_hidden_layers
+    assert report.quantization["kv_cache"]["scales"] == 2 * layers
+    assert report.quantization["kv_cache"]["applied"] == layers
+    attention = model.model.layers[1].self_attn.attn
+    assert attention.kv_fp8 and float(attention.v_scale) == pytest.approx(0.002)
+    assert 1e-6 < _error(model, reference) < 0.05  # rounded keys and values: close to, not equal to, the floats
+
+
+def test_kv_cache_scales_missing_for_a_layer_are_named(tmp_path) -> None:
+    path, _ = _kv_checkpoint(tmp_path, skip="model.layers.1.self_attn.v_scale")
+    with pytest.raises(CheckpointFormatError, match=r"^FP8 KV cache of 'model.layers.1.self_attn': the checkpoint "
+                                                    r"has no model.layers.1.self_attn.v_scale$"):
+        loader.load_model(str(path), dtype="float32")
 
 
 def test_a_target_that_matches_no_layer_is_named(tmp_path) -> None:

@@ -30,7 +30,7 @@ def test_plugin_is_loaded_with_its_hooks():
     record = create_plugin_host().records["marlin"]
     assert record.status == "loaded", record.error
     assert record.distribution == "loader-plugin-marlin"
-    assert record.hooks == ("loader_detect_quantization",)
+    assert record.hooks == ("loader_detect_quantization", "loader_process_weights_after_loading")
 
 
 def test_entry_point_module_does_not_import_torch():

@@ -17,8 +17,9 @@ groups give mixed precision per layer.
 A target that matches no layer of the model is an error (a pattern written for
 another model, or a typo), raised before any weight is read. The scales of an
 FP8 KV cache (``kv_cache_scheme``: ``self_attn.k_scale``/``v_scale``) are
-taken from the stream and reported; the attention here keeps its cache in the
-model's dtype, so they are not applied.
+taken from the stream and, once the model is loaded, given to its attention
+layers (:mod:`~loader_plugin_marlin.kv_cache_scales`), which round keys and
+values as that cache does.
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ class CompressedTensorsConfig(QuantizationConfig):
 
     :ivar matched: each target that matched a layer while the model was built, ``(group, target)``.
     :ivar kv_scales: the KV cache scales taken from the checkpoint, by tensor name.
+    :ivar kv_attached: the attention layers given KV cache scales after loading.
     :ivar dense_modules: the checkpoint modules of groups that quantize nothing (their saved observer tensors
         are set aside).
     """
@@ -106,6 +108,7 @@ class CompressedTensorsConfig(QuantizationConfig):
     kv_scales: dict[str, float] = attrs.field(factory=dict, eq=False, repr=False)
     dense_modules: set[str] = attrs.field(factory=set, eq=False, repr=False)
     layer_groups: dict[str, SchemeGroup] = attrs.field(factory=dict, eq=False, repr=False)
+    kv_attached: list[str] = attrs.field(factory=list, eq=False, repr=False)
 
     def ignores(self, prefix: str) -> bool:
         self._note_name_matches(prefix)
@@ -209,8 +212,9 @@ class CompressedTensorsConfig(QuantizationConfig):
             layers.update(dict(described.get("layers") or {}))
         kv = None
         if self.kv_cache_scheme is not None:
-            kv = {"scheme": dict(self.kv_cache_scheme), "scales": len(self.kv_scales), "applied": False,
-                  "note": "the attention keeps its KV cache in the model's dtype; the scales are not needed"}
+            kv = {"scheme": dict(self.kv_cache_scheme), "scales": len(self.kv_scales),
+                  "applied": len(self.kv_attached), "note": "keys and values rounded to FP8 under the scales, "
+                  "kept in the model's dtype"}
         return {"method": self.name, "groups": groups, "ignore": list(self.ignore), "kernels": kernels,
                 "layers": dict(sorted(layers.items())), "kv_cache": kv}
 

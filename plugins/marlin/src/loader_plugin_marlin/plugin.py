@@ -17,10 +17,13 @@ from loader.hookspecs import hookimpl
 from .names import DECLARED_METHODS
 
 if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
     from loader.checkpoint import LoadOptions
     from loader.layers import QuantizationConfig
 
-__all__ = ["loader_detect_quantization"]
+__all__ = ["loader_detect_quantization", "loader_process_weights_after_loading"]
 
 
 def _declared_method(hf_config: Mapping[str, Any]) -> object:
@@ -37,3 +40,14 @@ def loader_detect_quantization(
     from .detection import detect_packed
 
     return detect_packed(hf_config, requested, options.quantization_options)
+
+
+@hookimpl
+def loader_process_weights_after_loading(model: nn.Module, quant_config: QuantizationConfig | None,
+                                         target_device: torch.device) -> None:
+    """A compressed-tensors checkpoint with an FP8 KV cache: each attention layer gets its scales."""
+    if quant_config is None or quant_config.name != "compressed-tensors":
+        return  # answered before importing anything
+    from .kv_cache_scales import attach_declared_kv_cache_scales
+
+    attach_declared_kv_cache_scales(model, quant_config)
