@@ -1,0 +1,74 @@
+"""Checkpoints written by llm-compressor itself, and the logits of ``transformers``' decompressed model of each.
+
+Runs where llm-compressor is installed (tox env ``marlin-llmcompressor``, pinned by
+``constraints-llmcompressor.txt``: llm-compressor 0.14 wants transformers 5.15-5.17 and compressed-tensors 0.19,
+older than the main pins). A tiny random ``transformers`` model is written with a tokenizer, quantized by
+``oneshot`` with a recipe (a preset scheme, or ``config_groups`` of our own) — data-free, or calibrated on a few
+random sequences when the scheme has static activation or KV cache scales — and saved as llm-compressor saves it.
+
+The reference is what a user of ``transformers`` gets: ``from_pretrained(..., dequantize=True)`` decompresses
+the weights, and the forward still applies the scheme's activation quantization (compressed-tensors wraps each
+quantized ``Linear``; measured: a W8A8 tiny Llama's logits move by 0.9% relative without it, FP8 dynamic by 3.7%).
+Floating point parameters are cast to float32 first (the FP4 schemes decompress to bfloat16).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tests.helpers.hf_checkpoints import save_checkpoint, tiny_config
+from tests.helpers.tokenizers_files import write_tokenizer
+
+__all__ = ["SIZES", "decompressed_logits", "quantize_with_llmcompressor"]
+
+SIZES = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=256)
+"""Wide enough for whole 128x128 FP8 blocks and 128-row groups."""
+
+
+def _calibration(vocab_size: int) -> Any:
+    from datasets import Dataset
+
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randint(3, vocab_size, (8, 32), generator=generator).tolist()
+    return Dataset.from_dict({"input_ids": rows, "attention_mask": [[1] * 32 for _ in rows]})
+
+
+def quantize_with_llmcompressor(family: str, path: Path, recipe: Any, *, save_compressed: bool = True,
+                                calibrate: bool = False, seed: int = 0, **overrides: Any) -> Path:
+    """Write a random ``family`` model to ``path/dense``, quantize it with ``recipe``, save to ``path/quantized``."""
+    from llmcompressor import oneshot
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dense = path / "dense"
+    config = tiny_config(family, **{**SIZES, **overrides})
+    save_checkpoint(family, dense, config=config, seed=seed)
+    write_tokenizer(dense, vocab_size=config.vocab_size)
+    model = AutoModelForCausalLM.from_pretrained(dense, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(dense)
+    extra: dict[str, Any] = {}
+    if calibrate:
+        extra = {"dataset": _calibration(config.vocab_size), "num_calibration_samples": 8, "max_seq_length": 32}
+    with contextlib.chdir(path):
+        oneshot(model=model, recipe=recipe, tokenizer=tokenizer, **extra)
+    out = path / "quantized"
+    model.save_pretrained(out, save_compressed=save_compressed)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def decompressed_logits(path: Path, input_ids: torch.Tensor) -> torch.Tensor:
+    """``transformers``' logits for the checkpoint at ``path``, weights decompressed, in float32."""
+    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                 quantization_config=CompressedTensorsConfig(dequantize=True))
+    for param in model.parameters():
+        if param.is_floating_point() and param.dtype in (torch.bfloat16, torch.float16):
+            param.data = param.data.float()
+    with torch.no_grad():
+        return model(input_ids=input_ids, use_cache=False).logits  # type: ignore[no-any-return]
