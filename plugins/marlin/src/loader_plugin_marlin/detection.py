@@ -17,6 +17,7 @@ from loader.layers import QuantizationConfig
 from .awq_format import awq_config_from_checkpoint
 from .compressed_tensors_config import ct_config_from_checkpoint
 from .config import config_from_checkpoint
+from .fp4_config import modelopt_config_from_checkpoint
 from .fp8_config import fbgemm_fp8_config_from_checkpoint, fp8_config_from_checkpoint
 
 __all__ = ["METHODS", "detect_packed"]
@@ -27,6 +28,7 @@ METHODS: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any] | None], Quant
     "compressed-tensors": ct_config_from_checkpoint,
     "fp8": fp8_config_from_checkpoint,
     "fbgemm_fp8": fbgemm_fp8_config_from_checkpoint,
+    "modelopt": modelopt_config_from_checkpoint,
 }
 
 

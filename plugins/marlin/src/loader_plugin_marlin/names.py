@@ -6,5 +6,5 @@ from __future__ import annotations
 
 __all__ = ["DECLARED_METHODS"]
 
-DECLARED_METHODS = ("gptq", "awq", "compressed-tensors", "fp8", "fbgemm_fp8")
+DECLARED_METHODS = ("gptq", "awq", "compressed-tensors", "fp8", "fbgemm_fp8", "modelopt")
 """The keys of :data:`.detection.METHODS`."""
