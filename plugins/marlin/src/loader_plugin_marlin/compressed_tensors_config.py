@@ -10,9 +10,11 @@ compressed-tensors orders them (exact name, then pattern, then class); a fused
 layer (q/k/v, gate/up, an expert layer) is matched by its parts' checkpoint
 names, which must agree. ``ignore`` (names, patterns) keeps modules in floating
 point. Each group's format builds that group's own quantization config
-(:data:`FORMAT_SCHEMES`: ``pack-quantized`` the packed-integer method;
-``dense`` leaves the weights as the floats they were saved as), so several
-groups give mixed precision per layer.
+(:data:`FORMAT_SCHEMES`: ``pack-quantized`` the packed-integer method,
+``float-quantized`` FP8, ``int-quantized``/``naive-quantized`` int8, the FP4
+formats; ``dense``, saved uncompressed, quantizes integer weights at load as
+compressed-tensors' forward would), so several groups give mixed precision per
+layer.
 
 A target that matches no layer of the model is an error (a pattern written for
 another model, or a typo), raised before any weight is read. The scales of an
@@ -37,6 +39,8 @@ from .compressed_tensors_format import pack_quantized_scheme
 from .config import kernel_option
 from .dense_frozen_format import dense_frozen_scheme
 from .fp4_config import fp4_scheme_from_ct
+from .fp8_config import fp8_scheme_from_ct
+from .int8_config import int8_scheme_from_ct
 
 if TYPE_CHECKING:
     from torch import nn
@@ -50,9 +54,15 @@ METHOD_NAME = "compressed-tensors"
 _WHERE = "config.json quantization_config"
 SchemeFactory = Callable[[str, Mapping[str, Any], Mapping[str, Any] | None], QuantizationConfig]
 
-FORMAT_SCHEMES: dict[str, SchemeFactory] = {"pack-quantized": pack_quantized_scheme}
-FORMAT_SCHEMES.update({"nvfp4-pack-quantized": fp4_scheme_from_ct, "mxfp4-pack-quantized": fp4_scheme_from_ct})
-"""Each ``format`` this plugin loads → the factory of one group's config (``dense`` needs none)."""
+FORMAT_SCHEMES: dict[str, SchemeFactory] = {
+    "pack-quantized": pack_quantized_scheme,
+    "float-quantized": fp8_scheme_from_ct,
+    "int-quantized": int8_scheme_from_ct,
+    "naive-quantized": int8_scheme_from_ct,
+    "nvfp4-pack-quantized": fp4_scheme_from_ct,
+    "mxfp4-pack-quantized": fp4_scheme_from_ct,
+}
+"""Each ``format`` this plugin loads → the factory of one group's config (``dense`` is handled apart)."""
 
 DENSE = "dense"
 _KV_SCALES = (".k_scale", ".v_scale")
