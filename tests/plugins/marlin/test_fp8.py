@@ -21,7 +21,9 @@ from loader._pipeline.plan import plan_layers
 from loader.errors import CheckpointFormatError, ShapeMismatchError, UnsupportedError
 from loader.kernels import KernelChoice
 from loader.layers import QKVParallelLinear
+from loader.layers.param_layout import weight_loader_of
 from loader.testing import simulated_tp
+from loader.weights import EagerTensor
 from loader_plugin_marlin.fp8_config import fp8_config_from_checkpoint, fp8_scheme_from_ct
 from loader_plugin_marlin.fp8_kernels import plan_fp8_kernel
 from loader_plugin_marlin.fp8_method import Fp8LinearMethod
@@ -175,6 +177,30 @@ def test_cpu_kernel_choice_is_the_dequantized_matmul_unless_forced():
         KernelChoice("fp8_dequantized")
     assert plan_fp8_kernel(CT_CHANNEL.scheme, geometry, "scaled_mm", torch.device("cpu"), None) == \
         KernelChoice("fp8_scaled_mm")
+
+
+@pytest.mark.parametrize("block", [[32, 32], None])
+def test_a_pre_fused_checkpoint_lands_as_its_parts_do(block):
+    """q/k/v stored as one tensor (and one block grid stacked by part, or one per-tensor scale) land where the
+    three parts' own tensors do."""
+    config = fp8_config_from_checkpoint({"quant_method": "fp8", "weight_block_size": block})
+    name = "weight_scale_inv"
+    by_parts, fused = (QKVParallelLinear(64, 16, 4, 2, quant_config=config, prefix="qkv") for _ in range(2))
+    generator = torch.Generator().manual_seed(0)
+    weights = {part: (torch.randn(rows, 64, generator=generator) * 0.1).to(torch.float8_e4m3fn)
+               for part, rows in (("q", 64), ("k", 32), ("v", 32))}
+    scales = {part: torch.rand((len(w) // 32, 2) if block else (), generator=generator) + 0.5
+              for part, w in weights.items()}
+    if not block:
+        scales = dict.fromkeys(scales, scales["q"])  # one scale for the one stored tensor
+    for part in "qkv":
+        weight_loader_of(by_parts.weight)(by_parts.weight, EagerTensor(weights[part]), part)
+        weight_loader_of(getattr(by_parts, name))(getattr(by_parts, name), EagerTensor(scales[part]), part)
+    stacked = torch.cat([scales[part] for part in "qkv"]) if block else scales["q"]
+    weight_loader_of(fused.weight)(fused.weight, EagerTensor(torch.cat(list(weights.values()))))
+    weight_loader_of(getattr(fused, name))(getattr(fused, name), EagerTensor(stacked))
+    assert torch.equal(fused.weight.view(torch.uint8), by_parts.weight.view(torch.uint8))
+    assert torch.equal(getattr(fused, name), getattr(by_parts, name))
 
 
 # -- refusals, each with its full message --------------------------------------------------------------------
