@@ -28,7 +28,7 @@ from loader_plugin_marlin.fp8_config import fp8_config_from_checkpoint, fp8_sche
 from loader_plugin_marlin.fp8_kernels import plan_fp8_kernel
 from loader_plugin_marlin.fp8_method import Fp8LinearMethod
 from tests.helpers.ct_fp8_standin import host_with_ct_standin
-from tests.helpers.fp8_checkpoints import LAYOUTS, ct_fp8_group, save_fp8_checkpoint
+from tests.helpers.fp8_checkpoints import LAYOUTS, ct_fp8_group, input_rounding, save_fp8_checkpoint
 from tests.helpers.hf_checkpoints import reference_logits, relative_error
 from tests.helpers.model_checks import BF16_TOLERANCE, random_ids
 
@@ -91,6 +91,19 @@ def test_activation_rounding_is_part_of_the_reference(tmp_path):
     for module in reference.modules():
         module._forward_pre_hooks.clear()
     assert logits_error(model, reference) > 1e-2
+
+
+def test_fused_parts_with_different_static_input_scales_round_their_inputs_apart(tmp_path):
+    """compressed-tensors rounds k_proj's input with k_proj's own ``input_scale``: a fused q/k/v does the same."""
+    path, reference = save_fp8_checkpoint("qwen2", tmp_path / "m", "ct-tensor-static")
+    name = "model.layers.0.self_attn.k_proj"
+    scale = load_file(path / "model.safetensors")[f"{name}.input_scale"] * 1.7
+    _rewrite(path, f"{name}.input_scale", scale)
+    module = reference.get_submodule(name)
+    module._forward_pre_hooks.clear()
+    module.register_forward_pre_hook(input_rounding("ct-tensor-static", static=scale))
+    model, _ = load(path, "ct-tensor-static")
+    assert logits_error(model, reference) <= TOLERANCE
 
 
 @pytest.mark.parametrize(("layout", "block", "grid"), [("fp8-block", (32, 32), (3, 2)),

@@ -109,7 +109,8 @@ class DequantizedFp8Kernel:
     """The weight dequantized into the load's dtype; the input rounded to FP8 first when :attr:`acts` says so.
 
     :ivar input_scale: each fused part's static input scale (empty for dynamic activations).
-    :ivar part_rows: each part's output rows (a part's input is rounded with its own static scale).
+    :ivar part_rows: each part's output rows, when the parts' static input scales differ (each part's input is
+        then rounded with its own scale); empty when one rounding serves every part.
     """
 
     weight: torch.Tensor
@@ -124,7 +125,7 @@ class DequantizedFp8Kernel:
         x = x.to(self.weight.dtype)
         if acts is None:
             return F.linear(x, self.weight)
-        if acts.dynamic or bool((self.input_scale == self.input_scale[0]).all()):
+        if not self.part_rows:
             scale = None if acts.dynamic else self.input_scale[:1]
             return F.linear(emulated_input(x, acts, scale, self.split_input), self.weight)
         outputs = [F.linear(emulated_input(x, acts, self.input_scale[index : index + 1], self.split_input), rows)
@@ -188,6 +189,7 @@ def build_fp8_kernel(choice: KernelChoice, scheme: Fp8Scheme, geometry: Fp8Geome
         static = input_scale.to(torch.float32).amax().reshape(()) if input_scale.numel() else input_scale
         return ScaledMmFp8Kernel(weight.contiguous(), weight_scale, static, choice, scheme.activations, split_input)
     acts = scheme.activations if scheme.activations is not None and scheme.activations.emulated_on_cpu else None
-    return DequantizedFp8Kernel(dequantize_weight(weight, scale, scheme, geometry, dtype),
-                                input_scale.to(torch.float32), choice, acts,
-                                tuple(part.length for part in geometry.parts), split_input)
+    static = input_scale.to(torch.float32)
+    per_part = static.numel() > 1 and not bool((static == static[0]).all())
+    return DequantizedFp8Kernel(dequantize_weight(weight, scale, scheme, geometry, dtype), static, choice, acts,
+                                tuple(part.length for part in geometry.parts) if per_part else (), split_input)
