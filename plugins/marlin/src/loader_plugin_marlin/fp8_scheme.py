@@ -33,8 +33,8 @@ from loader.errors import UnsupportedError
 if TYPE_CHECKING:
     from loader.layers import LinearBase, LinearShape
 
-__all__ = ["FP8_DTYPE", "FP8_MAX", "ActivationQuant", "Fp8Geometry", "Fp8ParamSpec", "Fp8PartRows", "Fp8Scheme",
-           "dequantize_weight", "fp8_geometry", "fp8_param_specs"]
+__all__ = ["FP8_DTYPE", "FP8_MAX", "WEIGHT_STRATEGIES", "ActivationQuant", "Fp8Geometry", "Fp8ParamSpec", "Fp8PartRows",
+           "Fp8Scheme", "dequantize_weight", "fp8_geometry", "fp8_param_specs", "row_scales"]
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)
