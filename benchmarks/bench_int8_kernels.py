@@ -7,7 +7,7 @@ columns) and activations ``x [M, K]``:
 * ``int8pack_fp32`` / ``int8pack_bf16``: torch's weight-only int8 kernel (``_weight_int8pack_mm``);
 * ``int_mm_dynamic``: ``torch._int_mm`` on activations quantized per token at each call (W8A8, vLLM's math);
 * grouped weights (``--group``): ``grouped_partials`` (one ``_weight_int8pack_mm`` per group, summed),
-  ``grouped_planes`` (two int4 planes, group 32 only), ``dequant_per_call`` (today's fallback).
+  ``grouped_planes`` (two int4 planes, scales repeated per 32 columns), ``dequant_per_call`` (today's fallback).
 
 Run: ``OMP_NUM_THREADS=2 .venv/bin/python -m benchmarks.bench_int8_kernels [--k 2048 --n 8192]``.
 """
@@ -62,9 +62,10 @@ def _setup(kernel: str, m: int, k: int, n: int, group: int):
                 out += torch.ops.aten._weight_int8pack_mm(xb[:, g * group:(g + 1) * group], per_group[g], s_b[g])
             return out
         return partials
-    if kernel == "grouped_planes":
+    if kernel == "grouped_planes":  # each group's scale repeated over its blocks of 32 columns
         from loader.kernels import pack_int8_grouped
-        packed = pack_int8_grouped(codes.view(n, groups, group), gscales, torch.bfloat16)
+        blocks = gscales.repeat_interleave(group // 32, 0)
+        packed = pack_int8_grouped(codes.view(n, k // 32, 32), blocks, torch.bfloat16)
         xb = x.to(torch.bfloat16)
         return lambda: packed.matmul(xb)
     full = gscales.repeat_interleave(group, 0).t()
@@ -76,7 +77,7 @@ def _setup(kernel: str, m: int, k: int, n: int, group: int):
 
 def _child(kernel: str, m: int, k: int, n: int, group: int, reps: int) -> float:
     run = _setup(kernel, m, k, n, group)
-    for _ in range(3):
+    for _ in range(2):
         run()
     times = []
     for _ in range(reps):
@@ -91,24 +92,25 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=2048)
     parser.add_argument("--n", type=int, default=8192)
     parser.add_argument("--group", type=int, default=0, help="time grouped kernels with this group size")
-    parser.add_argument("--runs", type=int, default=3, help="fresh processes per kernel and M")
+    parser.add_argument("--runs", type=int, default=5, help="fresh processes per kernel and M (interleaved rounds)")
     parser.add_argument("--child", nargs=5)
     args = parser.parse_args()
     if args.child:
         kernel, m, k, n, group = args.child
-        print(_child(kernel, int(m), int(k), int(n), int(group), reps=20 if int(m) > 1 else 50))
+        print(_child(kernel, int(m), int(k), int(n), int(group), reps=5 if int(m) > 1 else 50))
         return
-    kernels = GROUPED if args.group else KERNELS
-    results: dict[str, dict[int, float]] = {}
-    for kernel in kernels:
-        if kernel == "grouped_planes" and args.group != 32:
-            continue
-        for m in (1, 128):
-            runs = [float(subprocess.run(
-                [sys.executable, "-m", "benchmarks.bench_int8_kernels", "--child", kernel, str(m), str(args.k),
-                 str(args.n), str(args.group)], check=True, capture_output=True, text=True,
-                env={**os.environ}).stdout) for _ in range(args.runs)]
-            results.setdefault(kernel, {})[m] = round(statistics.median(runs), 3)
+    kernels = [kernel for kernel in (GROUPED if args.group else KERNELS)
+               if kernel != "grouped_planes" or args.group % 32 == 0]
+    runs: dict[str, dict[int, list[float]]] = {}
+    for _ in range(args.runs):  # rounds over every kernel, so a change in the machine's load hits all of them
+        for kernel in kernels:
+            for m in (1, 128):
+                done = subprocess.run(
+                    [sys.executable, "-m", "benchmarks.bench_int8_kernels", "--child", kernel, str(m), str(args.k),
+                     str(args.n), str(args.group)], check=True, capture_output=True, text=True, env={**os.environ})
+                runs.setdefault(kernel, {}).setdefault(m, []).append(float(done.stdout))
+    results = {kernel: {m: round(statistics.median(times), 3) for m, times in by_m.items()}
+               for kernel, by_m in runs.items()}
     print(json.dumps({"k": args.k, "n": args.n, "group": args.group or None,
                       "threads": os.environ.get("OMP_NUM_THREADS"), "ms": results}, indent=1))
 

@@ -148,3 +148,79 @@ def test_input_rounding_is_the_library_s_forward_quantize(layout, dtype):
     assert torch.equal(hook(module, (x,))[0], expected)
     acts = fp8_scheme_from_ct("group_0", ct_fp8_group(layout, (32, 32))).scheme.activations
     assert torch.equal(emulated_input(x, acts, None if acts.dynamic else static, split_input=False), expected)
+
+
+INT8_GRID = [(strategy, sym) for strategy in ("channel", "tensor", "group") for sym in (True, False)]
+
+
+@pytest.mark.parametrize(("strategy", "sym"), INT8_GRID)
+def test_the_int8_packer_writes_the_library_s_int_quantized_tensors(strategy, sym):
+    """``int-quantized``: the packer's codes, scales and zero points are the library's ``calculate_qparams`` +
+    ``IntQuantizationCompressor.compress``, and its dequantized weight the library's ``decompress``."""
+    from compressed_tensors.compressors import IntQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationScheme
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    from tests.helpers.int8_checkpoints import int8_scheme, quantize_int8
+
+    weight = torch.randn(96, 128, generator=torch.Generator().manual_seed(len(strategy))) * 0.05
+    tensors, dequantized = quantize_int8(weight, strategy, symmetric=sym, group_size=32)
+    scheme = QuantizationScheme.model_validate(int8_scheme(strategy, symmetric=sym, group_size=32))
+    blocks = {"tensor": weight.reshape(1, 1, -1), "channel": weight.reshape(96, 1, 128),
+              "group": weight.reshape(96, 4, 32)}[strategy]
+    scale, zero = calculate_qparams(blocks.amin(-1), blocks.amax(-1), scheme.weights)
+    shape = tensors["weight_scale"].shape
+    state = {"weight": weight, "weight_scale": scale.reshape(shape)}
+    if not sym:
+        state["weight_zero_point"] = zero.reshape(shape).round().to(torch.int8)
+    compressed = IntQuantizationCompressor.compress(state, scheme)
+    assert torch.equal(compressed["weight"], tensors["weight"])
+    assert torch.allclose(compressed["weight_scale"], tensors["weight_scale"], rtol=1e-6, atol=0)
+    assert sym or torch.equal(compressed["weight_zero_point"], tensors["weight_zero_point"])
+    decompressed = IntQuantizationCompressor.decompress(dict(compressed), scheme)["weight"]
+    assert torch.allclose(decompressed, dequantized, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("activations", [dict(dynamic=True, symmetric=True), dict(dynamic=True, symmetric=False),
+                                         dict(dynamic=False, symmetric=True), dict(dynamic=False, symmetric=False)],
+                         ids=["token", "token-asym", "static", "static-asym"])
+def test_int8_input_fake_quantization_is_the_library_s_forward_quantize(activations):
+    """The ``int8_mm`` reference's input rounding equals compressed-tensors' ``forward_quantize``."""
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationStatus
+    from compressed_tensors.quantization.lifecycle.forward import forward_quantize
+
+    from tests.helpers.int8_checkpoints import STATIC_INPUT_SCALE, STATIC_INPUT_ZERO_POINT, fake_quantize
+
+    args = QuantizationArgs(num_bits=8, type="int", symmetric=activations["symmetric"],
+                            strategy="token" if activations["dynamic"] else "tensor", dynamic=activations["dynamic"])
+    module = torch.nn.Linear(64, 8)
+    module.quantization_status = QuantizationStatus.FROZEN
+    module.input_scale = torch.nn.Parameter(torch.tensor([STATIC_INPUT_SCALE]), requires_grad=False)
+    module.input_zero_point = torch.nn.Parameter(
+        torch.tensor([0 if activations["symmetric"] else STATIC_INPUT_ZERO_POINT], dtype=torch.int8),
+        requires_grad=False)
+    x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(3))
+    expected = forward_quantize(module, x, "input", args)
+    assert torch.allclose(fake_quantize(x, {"dynamic": activations["dynamic"], "symmetric": activations["symmetric"]}),
+                          expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("scheme_args", [dict(strategy="channel"), dict(strategy="tensor", activations="tensor")],
+                         ids=["w8a8-channel-token", "w8a8-tensor-static"])
+def test_transformers_run_compressed_false_keeps_int8_activations_in_full_precision(tmp_path, scheme_args):
+    """transformers' ``run_compressed=False`` (``dequantize=True``) load of the packer's checkpoint gives the
+    dequantized reference's logits (no input fake-quantization), and the loader's float32 load gives them too."""
+    import transformers
+
+    from tests.helpers.int8_checkpoints import int8_host, int8_scheme, save_int8_checkpoint
+
+    path, reference = save_int8_checkpoint("llama", tmp_path / "m", int8_scheme(**scheme_args))
+    config = transformers.CompressedTensorsConfig(run_compressed=False)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(path, quantization_config=config,
+                                                               torch_dtype=torch.float32)
+    ids = random_ids(reference.config.vocab_size)
+    expected = reference_logits(reference, ids)
+    assert relative_error(reference_logits(theirs, ids), expected) <= 1e-5
+    ours = loader.load_model(str(path), dtype="float32", quantization="int8-test", host=int8_host())
+    with torch.no_grad():
+        assert relative_error(ours(ids), reference_logits(theirs, ids)) <= 1e-3

@@ -184,3 +184,21 @@ def test_static_input_scales_of_fused_parts_unite_their_ranges():
     scale, zero = asymmetric._input_qparams(state)
     low, high = min((-128 - 10) * 0.02, (-128 + 10) * 0.03), max((127 - 10) * 0.02, (127 + 10) * 0.03)
     assert scale == pytest.approx((high - low) / 255) and zero == round(-128 - low / scale)
+
+
+@pytest.mark.parametrize(("scheme", "dtype", "options"), [
+    (int8_scheme("channel"), "float32", None),
+    (int8_scheme("tensor", activations="tensor"), "bfloat16", None),
+    (int8_scheme("group", activations=None), "bfloat16", None),
+    (int8_scheme("group", activations=None), "float32", {"kernel": "int8pack"}),
+    (int8_scheme("group"), "bfloat16", {"kernel": "int8_mm"}),
+    (int8_scheme("channel"), "float32", {"kernel": "dequantize"}),
+], ids=["channel-f32", "tensor-bf16", "group-bf16", "group-f32-int8pack", "group-int8-mm", "dequantize"])
+def test_the_plan_from_shapes_is_the_choice_made_at_load(tmp_path, scheme, dtype, options):
+    from loader._pipeline.plan import plan_layers
+
+    path, _ = save_int8_checkpoint("qwen2", tmp_path / "m", scheme, **SIZES)
+    planned = plan_layers(str(path), dtype=dtype, quantization=METHOD, quantization_options=options,
+                          host=int8_host())
+    _, report = _load(path, dtype, options)
+    assert planned["layers"] == report.quantization["layers"]

@@ -24,7 +24,7 @@ import attrs
 import torch
 
 from loader.errors import CheckpointFormatError, UnsupportedError
-from loader.kernels import KernelChoice, KernelOption, choose_kernel
+from loader.kernels import KernelChoice, KernelOption, choose_kernel, int8_unsupported_reason
 from loader.layers import LinearMethodBase, LinearShape, ParamLayout, set_param_layout
 from loader.models import current_session
 
@@ -201,9 +201,12 @@ class Int8LinearMethod(LinearMethodBase):
         state = self.layer_state(layer, Int8LayerState)
         scheme = self.config.scheme
         packed = KernelChoice("int8pack")
-        if scheme.group_size != -1:
-            reason = int8_planes_reason(state.cols, state.rows, scheme.group_size, False, state.params_dtype)
-            packed = choose_kernel([KernelOption("int8planes", reason)], FALLBACK)
+        if scheme.group_size != -1:  # the marlin chooser's answer: the planes, else the int8 kernel's reason
+            groups = int8_unsupported_reason(state.rows // scheme.group_size)
+            planes = int8_planes_reason(state.cols, state.rows, scheme.group_size, False, state.params_dtype)
+            if groups is not None:
+                packed = KernelChoice("int8planes") if planes is None else \
+                    choose_kernel([KernelOption("int8pack", groups)], FALLBACK)
         return plan_int8_kernel(scheme.activations, symmetric=scheme.symmetric, group_size=scheme.group_size,
                                 k=state.rows, n=state.cols, requested=self.config.kernel, dtype=state.params_dtype,
                                 device=current_session().device, packed_plan=packed)
