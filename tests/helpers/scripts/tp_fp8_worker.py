@@ -1,10 +1,9 @@
 """Run under ``torchrun``: load each FP8 case on this rank and save its logits (or its error).
 
 Usage: ``python -m torch.distributed.run --nproc-per-node N tests/helpers/scripts/tp_fp8_worker.py OUT CASES``
-where ``CASES`` is a JSON file ``{name: {"path": ..., "layout": ..., "options": {...} | null}}``; compressed-tensors
-layouts (``ct-*``) load through :mod:`tests.helpers.ct_fp8_standin`. Writes ``OUT/<name>-rank<R>.pt`` and
-``OUT/rank<R>.json`` (``{name: {"tp_size": N, "kernels": {...}} | {"error": ...}}``). Every rank loads the same
-cases in the same order so the forward passes' collectives stay in step.
+where ``CASES`` is a JSON file ``{name: {"path": ..., "options": {...} | null}}``. Writes ``OUT/<name>-rank<R>.pt``
+and ``OUT/rank<R>.json`` (``{name: {"tp_size": N, "kernels": {...}} | {"error": ...}}``). Every rank loads the
+same cases in the same order so the forward passes' collectives stay in step.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import torch
 
 from loader._pipeline.load import load_model_with_report
 from loader.errors import LoadError
-from tests.helpers.ct_fp8_standin import host_with_ct_standin
 from tests.helpers.model_checks import random_ids
 from tests.helpers.torchrun_exit import exit_rank
 
@@ -27,9 +25,8 @@ def main(out: Path, cases_file: Path) -> None:
     rank = int(os.environ.get("RANK", "0"))
     results: dict[str, dict[str, object]] = {}
     for name, case in json.loads(cases_file.read_text()).items():
-        host = host_with_ct_standin() if case["layout"].startswith("ct-") else None
         try:
-            model, report = load_model_with_report(case["path"], dtype="float32", host=host,
+            model, report = load_model_with_report(case["path"], dtype="float32",
                                                    quantization_options=case["options"])
         except LoadError as exc:
             results[name] = {"error": f"{type(exc).__name__}: {exc}"}

@@ -3,8 +3,8 @@
 The reference (:mod:`tests.helpers.fp8_checkpoints`) is the ``transformers``
 model holding the dequantized weights, its linears' inputs rounded to FP8
 where the producer's CPU reference does so. Compressed-tensors checkpoints load
-through :mod:`tests.helpers.ct_fp8_standin` until the dispatcher calls
-``fp8_scheme_from_ct`` itself.
+through the compressed-tensors dispatcher, which hands ``float-quantized``
+groups to ``fp8_scheme_from_ct``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from loader.weights import EagerTensor
 from loader_plugin_marlin.fp8_config import fp8_config_from_checkpoint, fp8_scheme_from_ct
 from loader_plugin_marlin.fp8_kernels import plan_fp8_kernel
 from loader_plugin_marlin.fp8_method import Fp8LinearMethod
-from tests.helpers.ct_fp8_standin import host_with_ct_standin
 from tests.helpers.fp8_checkpoints import LAYOUTS, ct_fp8_group, input_rounding, save_fp8_checkpoint
 from tests.helpers.hf_checkpoints import reference_logits, relative_error
 from tests.helpers.model_checks import BF16_TOLERANCE, random_ids
@@ -35,9 +34,8 @@ from tests.helpers.model_checks import BF16_TOLERANCE, random_ids
 TOLERANCE = 1e-3
 
 
-def load(path: Path, layout: str, **kwargs):
-    host = host_with_ct_standin() if layout.startswith("ct-") else None
-    return load_model_with_report(str(path), dtype="float32", host=host, **kwargs)
+def load(path: Path, **kwargs):
+    return load_model_with_report(str(path), dtype="float32", **kwargs)
 
 
 def logits_error(model, reference) -> float:
@@ -50,7 +48,7 @@ def logits_error(model, reference) -> float:
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_logits_match_the_dequantized_reference(tmp_path, layout, family):
     path, reference = save_fp8_checkpoint(family, tmp_path / "m", layout)
-    model, report = load(path, layout)
+    model, report = load(path)
     assert logits_error(model, reference) <= TOLERANCE
     layers = report.quantization["layers"]
     assert set(layers) == {f"model.layers.{i}.{name}" for i in range(2)
@@ -66,7 +64,7 @@ def test_transformers_reads_the_fp8_checkpoints_as_the_loader_does(tmp_path, lay
 
     path, _ = save_fp8_checkpoint("qwen2", tmp_path / "m", layout)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    model, _ = load(path, layout)
+    model, _ = load(path)
     assert logits_error(model, theirs) <= 1e-6
 
 
@@ -75,8 +73,7 @@ def test_a_bfloat16_load_holds_the_weight_in_bfloat16(tmp_path, layout):
     """Against the reference run in bfloat16 too: rounding inputs to FP8 (6 % steps) turns bfloat16's small
     differences into whole steps, so the float32 reference is ~3e-2 away for the layouts that round them."""
     path, reference = save_fp8_checkpoint("llama", tmp_path / "m", layout)
-    host = host_with_ct_standin() if layout.startswith("ct-") else None
-    model, _ = load_model_with_report(str(path), dtype="bfloat16", host=host)
+    model, _ = load_model_with_report(str(path), dtype="bfloat16")
     assert model.model.layers[0].self_attn.qkv_proj.fp8_weight.dtype == torch.bfloat16
     ids = random_ids(reference.config.vocab_size)
     with torch.no_grad():
@@ -87,7 +84,7 @@ def test_a_bfloat16_load_holds_the_weight_in_bfloat16(tmp_path, layout):
 def test_activation_rounding_is_part_of_the_reference(tmp_path):
     """Without rounding the inputs the loader would be ~2 % off fbgemm's reference: the emulation is tested."""
     path, reference = save_fp8_checkpoint("llama", tmp_path / "m", "fbgemm")
-    model, _ = load(path, "fbgemm")
+    model, _ = load(path)
     for module in reference.modules():
         module._forward_pre_hooks.clear()
     assert logits_error(model, reference) > 1e-2
@@ -102,7 +99,7 @@ def test_fused_parts_with_different_static_input_scales_round_their_inputs_apart
     module = reference.get_submodule(name)
     module._forward_pre_hooks.clear()
     module.register_forward_pre_hook(input_rounding("ct-tensor-static", static=scale))
-    model, _ = load(path, "ct-tensor-static")
+    model, _ = load(path)
     assert logits_error(model, reference) <= TOLERANCE
 
 
@@ -117,14 +114,14 @@ def test_partial_last_blocks_load(tmp_path, layout, block, grid):
     weights = load_file(path / "model.safetensors")
     name = "weight_scale_inv" if layout == "fp8-block" else "weight_scale"
     assert weights[f"model.layers.0.self_attn.o_proj.{name}"].shape == grid
-    model, _ = load(path, layout)
+    model, _ = load(path)
     assert logits_error(model, reference) <= TOLERANCE
 
 
 @pytest.mark.parametrize("layout", ["fbgemm", "ct-channel-token", "ct-tensor-static", "ct-tensor-dynamic"])
 def test_forced_scaled_mm_runs_torchs_fp8_matmul_on_the_cpu(tmp_path, layout):
     path, reference = save_fp8_checkpoint("qwen2", tmp_path / "m", layout)
-    model, report = load(path, layout, quantization_options={"kernel": "scaled_mm"})
+    model, report = load(path, quantization_options={"kernel": "scaled_mm"})
     assert report.quantization["kernels"] == {"fp8_scaled_mm": 8}
     assert logits_error(model, reference) <= TOLERANCE
     assert model.model.layers[0].mlp.down_proj.fp8_weight.dtype == torch.float8_e4m3fn
@@ -132,7 +129,7 @@ def test_forced_scaled_mm_runs_torchs_fp8_matmul_on_the_cpu(tmp_path, layout):
 
 def test_layer_plan_returns_the_recorded_kernel_choice(tmp_path):
     path, _ = save_fp8_checkpoint("llama", tmp_path / "m", "fp8-block")
-    model, report = load(path, "fp8-block")
+    model, report = load(path)
     layer = model.model.layers[1].self_attn.qkv_proj
     assert isinstance(layer.quant_method, Fp8LinearMethod)
     plan = layer.quant_method.layer_plan(layer)
@@ -146,11 +143,12 @@ def test_layer_plan_returns_the_recorded_kernel_choice(tmp_path):
 def test_inspect_plans_from_shapes_what_the_load_records(tmp_path, layout, options):
     """``loader inspect --layers`` (the model on ``meta``, no weights read) plans each layer's recorded kernel."""
     path, _ = save_fp8_checkpoint("llama", tmp_path / "m", layout)
-    host = host_with_ct_standin() if layout.startswith("ct-") else None
-    planned = plan_layers(str(path), dtype="float32", quantization_options=options, host=host)
-    _, report = load(path, layout, quantization_options=options)
-    assert planned["layers"] == report.quantization["layers"]
-    assert len(planned["layers"]) == 8
+    planned = plan_layers(str(path), dtype="float32", quantization_options=options)
+    _, report = load(path, quantization_options=options)
+    kernels = {prefix: (record["kernel"], record["reason"]) for prefix, record in planned["layers"].items()}
+    assert kernels == {prefix: (record["kernel"], record["reason"])
+                       for prefix, record in report.quantization["layers"].items()}
+    assert len(kernels) == 8
 
 
 def _geometry_of(scheme_config, tp_rank=0, tp_size=1, hidden=256, heads=2):
@@ -229,7 +227,7 @@ def test_a_scale_of_the_wrong_shape_is_refused(tmp_path):
     name = "model.layers.0.mlp.down_proj.weight_scale"
     _rewrite(path, name, torch.ones(64))
     with pytest.raises(ShapeMismatchError) as caught:
-        load(path, "fbgemm")
+        load(path)
     assert str(caught.value) == (f"tensor {name!r} in {path / 'model.safetensors'}: expected shape (64, 1) for "
                                  "model.layers.0.mlp.down_proj, found (64,)")
 
@@ -239,7 +237,7 @@ def test_a_block_grid_of_the_wrong_shape_is_refused(tmp_path):
     name = "model.layers.0.self_attn.k_proj.weight_scale_inv"
     _rewrite(path, name, torch.ones(2, 2))
     with pytest.raises(ShapeMismatchError) as caught:
-        load(path, "fp8-block")
+        load(path)
     assert str(caught.value) == (
         f"tensor {name!r} in {path / 'model.safetensors'}: expected shape (1, 2) for "
         "model.layers.0.self_attn.qkv_proj.weight_scale_inv part 'k' (32x32 blocks over [32, 64]), found (2, 2)")
@@ -250,7 +248,7 @@ def test_a_bf16_weight_is_refused_where_float8_is_expected(tmp_path):
     name = "model.layers.1.mlp.up_proj.weight"
     _rewrite(path, name, torch.zeros(128, 64, dtype=torch.bfloat16))
     with pytest.raises(CheckpointFormatError) as caught:
-        load(path, "ct-channel-token")
+        load(path)
     assert str(caught.value) == (
         f"tensor {name!r} in {path / 'model.safetensors'}: model.layers.1.mlp.gate_up_proj is an FP8 layer whose "
         "weight must be stored as F8_E4M3 (float8_e4m3fn), found bfloat16")
@@ -262,7 +260,7 @@ def test_an_unknown_fmt_is_refused(tmp_path):
     config["quantization_config"]["fmt"] = "e5m2"
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(UnsupportedError) as caught:
-        load(path, "fp8-block")
+        load(path)
     assert str(caught.value) == ("config.json quantization_config: fmt 'e5m2' is not supported; FP8 checkpoints "
                                  "load as 'e4m3' (float8_e4m3fn)")
 

@@ -46,7 +46,7 @@ def tp_run(tmp_path_factory):
     references, cases = {}, {}
     for name, (family, layout, block, options, _) in {**CASES, "cut": (*CUT, None, "")}.items():
         path, references[name] = save_fp8_checkpoint(family, root / name, layout, block=block, **ALIGNED)
-        cases[name] = {"path": str(path), "layout": layout, "options": options}
+        cases[name] = {"path": str(path), "options": options}
     cases_file = root / "cases.json"
     cases_file.write_text(json.dumps(cases))
     out = root / "out"

@@ -18,14 +18,12 @@ from safetensors.torch import load_file
 import loader
 from loader._pipeline.load import load_model_with_report
 from loader.errors import UnsupportedError
-from tests.helpers.ct_fp8_standin import host_with_ct_standin
 from tests.helpers.fp8_checkpoints import save_fp8_checkpoint
 from tests.helpers.model_checks import random_ids
 
 
-def _load(path: Path, layout: str, **options: Any) -> Any:
-    host = host_with_ct_standin() if layout.startswith("ct-") else None
-    return load_model_with_report(str(path), dtype="float32", host=host, quantization_options=options or None)[0]
+def _load(path: Path, **options: Any) -> Any:
+    return load_model_with_report(str(path), dtype="float32", quantization_options=options or None)[0]
 
 
 def _logits(model: Any) -> torch.Tensor:
@@ -42,13 +40,13 @@ def _storage(model: torch.nn.Module) -> dict[str, int]:
 def test_an_update_with_b_fp8_tensors_equals_a_fresh_load_of_b(tmp_path, layout, options) -> None:
     a, _ = save_fp8_checkpoint("qwen2", tmp_path / "A", layout, seed=0)
     b, _ = save_fp8_checkpoint("qwen2", tmp_path / "B", layout, seed=1)
-    model = _load(a, layout, **options)
+    model = _load(a, **options)
     storage = _storage(model)
     before = _logits(model)
     report = loader.update_weights(model, load_file(b / "model.safetensors"))
     after = _logits(model)
     assert not torch.equal(after, before)
-    assert torch.equal(after, _logits(_load(b, layout, **options)))
+    assert torch.equal(after, _logits(_load(b, **options)))
     assert _storage(model) == storage
     assert "model.layers.0.self_attn.qkv_proj" in report.reprocessed
     assert not any(name.endswith(("weight_scale", "input_scale")) for name, _ in model.named_parameters())
@@ -66,11 +64,11 @@ def test_an_update_with_b_fp8_tensors_equals_a_fresh_load_of_b(tmp_path, layout,
 def test_a_layer_given_part_of_its_set_is_refused_before_any_write(tmp_path, given, message) -> None:
     a, _ = save_fp8_checkpoint("llama", tmp_path / "A", "fp8-block", seed=0)
     b, _ = save_fp8_checkpoint("llama", tmp_path / "B", "fp8-block", seed=1)
-    model = _load(a, "fp8-block")
+    model = _load(a)
     before = _logits(model)
     tensors = load_file(b / "model.safetensors")
     with pytest.raises(UnsupportedError, match=f"^{message}"):
         loader.update_weights(model, {name: tensors[name] for name in given})
     assert torch.equal(_logits(model), before)
     loader.update_weights(model, tensors)  # the layers reopen cleanly
-    assert torch.equal(_logits(model), _logits(_load(b, "fp8-block")))
+    assert torch.equal(_logits(model), _logits(_load(b)))
