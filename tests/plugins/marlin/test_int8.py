@@ -202,3 +202,14 @@ def test_the_plan_from_shapes_is_the_choice_made_at_load(tmp_path, scheme, dtype
                           host=int8_host())
     _, report = _load(path, dtype, options)
     assert planned["layers"] == report.quantization["layers"]
+
+
+@pytest.mark.parametrize("case", ["llama-channel-token", "qwen2-tensor-asym-static-asym"])
+def test_int_quantized_checkpoints_load_through_the_compressed_tensors_config(tmp_path, case):
+    """End to end: ``quant_method: compressed-tensors`` with an ``int-quantized`` group, no ``quantization=``."""
+    family, scheme = CASES[case]
+    path, reference = save_int8_checkpoint(family, tmp_path / case, scheme, **SIZES)
+    model, report = loader.load_model_with_report(str(path), dtype="float32")
+    ids = random_ids(reference.config.vocab_size)
+    assert relative_error(_logits(model, ids), reference_logits(reference, ids)) <= 1e-3
+    assert report.quantization["kernels"] == {"dequantized": 8}
