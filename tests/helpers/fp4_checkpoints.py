@@ -18,6 +18,11 @@ weight ``W [N, K]``:
   ``weight_scale`` uint8 ``[N, K/32]`` holds E8M0 exponents ``e`` of the scale
   ``2 ** (e - 127)``, ``e - 127 = floor(log2(max|group|)) - 2`` (OCP MX: the
   largest E2M1 exponent is 2); the weight is ``code * 2 ** (e - 127)``.
+* ``ct-nvfp4-w4a4`` — llm-compressor's ``NVFP4`` preset: ``ct-nvfp4`` weights plus
+  ``input_activations`` (FP4, groups of 16, ``dynamic: "local"``) and each
+  linear's ``input_global_scale`` float32 ``[1]`` = ``448 * 6 / max|x|`` over a
+  calibration batch; the reference rounds every linear's input to NVFP4
+  (:func:`round_input`) as compressed-tensors' forward does.
 * ``modelopt-nvfp4`` — NVIDIA ModelOpt NVFP4: ``weight`` uint8 ``[N, K/2]``,
   ``weight_scale`` float8_e4m3fn ``[N, K/16]`` = ``fp8(max|group| / 6 / scale_2)``,
   ``weight_scale_2`` float32 ``[]`` = ``max|W| / (448 * 6)``, ``input_scale``
@@ -37,19 +42,25 @@ from typing import Any
 
 import torch
 
-from tests.helpers.gptq_checkpoints import save_packed_checkpoint
+from tests.helpers.gptq_checkpoints import LINEARS, save_packed_checkpoint
+from tests.helpers.hf_checkpoints import build_model, tiny_config
+from tests.helpers.model_checks import random_ids
 
-LAYOUTS = ("ct-nvfp4", "ct-mxfp4", "modelopt-nvfp4")
+LAYOUTS = ("ct-nvfp4", "ct-mxfp4", "modelopt-nvfp4", "ct-nvfp4-w4a4")
 E2M1_MAGNITUDES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 FP8_MAX = 448.0
 E2M1_MAX = 6.0
-GROUP_SIZES = {"ct-nvfp4": 16, "ct-mxfp4": 32, "modelopt-nvfp4": 16}
+GROUP_SIZES = {"ct-nvfp4": 16, "ct-mxfp4": 32, "modelopt-nvfp4": 16, "ct-nvfp4-w4a4": 16}
 
 
 def e2m1_codes(values: torch.Tensor) -> torch.Tensor:
-    """The nearest E2M1 code of each value (already divided by its scale), as int64 0..15."""
+    """The nearest E2M1 code of each value (already divided by its scale), as int64 0..15; a value halfway
+    between two magnitudes takes the one with an even mantissa (even index), as compressed-tensors rounds."""
     magnitude = values.abs().clamp(max=E2M1_MAX)
-    index = (magnitude.unsqueeze(-1) - E2M1_MAGNITUDES).abs().argmin(dim=-1)
+    distance = (magnitude.unsqueeze(-1) - E2M1_MAGNITUDES).abs()
+    nearest = distance == distance.amin(dim=-1, keepdim=True)
+    even = nearest & (torch.arange(8) % 2 == 0)
+    index = torch.where(even.any(dim=-1), even.int().argmax(dim=-1), nearest.int().argmax(dim=-1))
     return index + 8 * (values < 0).long()
 
 
@@ -113,14 +124,17 @@ def fp4_tensors(weight: torch.Tensor, layout: str) -> tuple[dict[str, torch.Tens
 
 
 def ct_fp4_group(layout: str, group_size: int | None = None) -> dict[str, Any]:
-    """One ``config_groups`` entry as llm-compressor 0.14 writes it for NVFP4A16 / MXFP4A16."""
-    nv = layout == "ct-nvfp4"
+    """One ``config_groups`` entry as llm-compressor 0.14 writes it for NVFP4A16 / MXFP4A16 / NVFP4."""
+    nv = layout.startswith("ct-nvfp4")
     weights = {"actorder": None, "block_structure": None, "dynamic": False,
                "group_size": group_size or GROUP_SIZES[layout], "num_bits": 4, "observer": "memoryless_minmax",
                "observer_kwargs": {}, "scale_dtype": "torch.float8_e4m3fn" if nv else "torch.uint8",
                "strategy": "tensor_group" if nv else "group", "symmetric": True, "type": "float", "zp_dtype": None}
     fmt = "nvfp4-pack-quantized" if nv else "mxfp4-pack-quantized"
-    return {"format": fmt, "input_activations": None, "output_activations": None, "targets": ["Linear"],
+    acts = None
+    if layout == "ct-nvfp4-w4a4":
+        acts = {**weights, "dynamic": "local", "observer": "static_minmax"}
+    return {"format": fmt, "input_activations": acts, "output_activations": None, "targets": ["Linear"],
             "weights": weights}
 
 
@@ -135,11 +149,54 @@ def fp4_quantization_config(layout: str, group_size: int | None = None) -> dict[
             "sparsity_config": {}, "transform_config": {}, "version": "0.19.0"}
 
 
+def round_input(x: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+    """compressed-tensors' NVFP4 input rounding: per token and group of 16 columns, ``s = fp8(g * max|x| / 6)``
+    (a zero becomes 0.125), ``x' = e2m1(x * g / s) * s / g``."""
+    groups = x.reshape(*x.shape[:-1], -1, 16)
+    scale = (global_scale * groups.abs().amax(dim=-1, keepdim=True) / E2M1_MAX).clamp(max=FP8_MAX)
+    scale = scale.to(torch.float8_e4m3fn).float()
+    step = torch.where(scale == 0, torch.tensor(0.125), scale) / global_scale
+    return (e2m1_values(e2m1_codes(groups / step)) * step).reshape(x.shape)
+
+
+def calibrated_input_global_scales(family: str, seed: int, **overrides: Any) -> dict[str, torch.Tensor]:
+    """``448 * 6 / max|x|`` of each decoder linear's input over a batch of random ids (the dense model's), as
+    llm-compressor's static min-max observer calibrates ``input_global_scale``."""
+    model = build_model(family, tiny_config(family, **overrides), seed=seed)
+    found: dict[str, torch.Tensor] = {}
+    handles = []
+    for name, module in model.named_modules():
+        if name.rpartition(".")[2] in LINEARS:
+            def record(module: Any, args: tuple[torch.Tensor, ...], name: str = name) -> None:
+                found[name] = (FP8_MAX * E2M1_MAX / args[0].abs().amax()).reshape(1)
+            handles.append(module.register_forward_pre_hook(record))
+    with torch.no_grad():
+        model(random_ids(model.config.vocab_size, seed=3), use_cache=False)
+    for handle in handles:
+        handle.remove()
+    return found
+
+
 def save_fp4_checkpoint(family: str, path: Path, layout: str, *, seed: int = 0,
                         **overrides: Any) -> tuple[Path, Any]:
-    """Write a random ``family`` model with its decoder linears in FP4 ``layout``; return ``(path, reference)``."""
+    """Write a random ``family`` model with its decoder linears in FP4 ``layout``; return ``(path, reference)``.
+
+    ``ct-nvfp4-w4a4`` (llm-compressor's NVFP4 preset) also stores each linear's ``input_global_scale`` and the
+    reference rounds each linear's input with it (:func:`round_input`, a forward pre-hook).
+    """
+    inputs = calibrated_input_global_scales(family, seed, **overrides) if layout == "ct-nvfp4-w4a4" else {}
 
     def pack(weight: torch.Tensor, module: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        return fp4_tensors(weight, layout)
+        tensors, dequantized = fp4_tensors(weight, "ct-nvfp4" if inputs else layout)
+        if module in inputs:
+            tensors["input_global_scale"] = inputs[module]
+        return tensors, dequantized
 
-    return save_packed_checkpoint(family, path, fp4_quantization_config(layout), pack, seed=seed, **overrides)
+    path, reference = save_packed_checkpoint(family, path, fp4_quantization_config(layout), pack, seed=seed,
+                                             **overrides)
+    for name, module in reference.named_modules():
+        if name in inputs:
+            def rounding(module: Any, args: tuple[torch.Tensor, ...], scale: torch.Tensor = inputs[name]) -> Any:
+                return (round_input(args[0], scale), *args[1:])
+            module.register_forward_pre_hook(rounding)
+    return path, reference

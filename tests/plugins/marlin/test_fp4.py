@@ -1,8 +1,10 @@
-"""FP4 checkpoints (compressed-tensors NVFP4A16 / MXFP4A16, ModelOpt NVFP4): logits, decoding, kernels, refusals.
+"""FP4 checkpoints (compressed-tensors NVFP4A16 / MXFP4A16 / NVFP4, ModelOpt NVFP4): logits, decoding, kernels,
+refusals.
 
 The reference (:mod:`tests.helpers.fp4_checkpoints`) is the ``transformers``
-model holding the weights the format's definition gives; the decoding is
-checked against bytes whose values compressed-tensors 0.19 computed.
+model holding the weights the format's definition gives (its inputs rounded to
+NVFP4 for the W4A4 preset); the decoding is checked against bytes whose values
+compressed-tensors 0.19 computed.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ from loader.errors import CheckpointFormatError, ShapeMismatchError, Unsupported
 from loader.layers import QKVParallelLinear, RowParallelLinear
 from loader.testing import simulated_tp
 from loader_plugin_marlin.compressed_tensors_config import ct_config_from_checkpoint
+from loader_plugin_marlin.fp4_activations import round_input_to_nvfp4, round_to_e2m1
 from loader_plugin_marlin.fp4_config import fp4_scheme_from_ct, modelopt_config_from_checkpoint
 from loader_plugin_marlin.fp4_format import MXFP4, NVFP4, dequantize_fp4
 from loader_plugin_marlin.fp4_kernels import cuda_fp4_choice, plan_fp4_kernel
+from loader_plugin_marlin.fp4_method import DequantizedFp4Kernel
 from tests.helpers.fp4_checkpoints import (
     LAYOUTS,
     ct_fp4_group,
+    e2m1_codes,
     e2m1_values,
     fp4_quantization_config,
     save_fp4_checkpoint,
@@ -154,15 +159,48 @@ def test_a_tensor_parallel_size_that_cuts_a_group_is_refused():
                                  "per rank must be a multiple of 32")
 
 
-def test_quantized_activations_are_refused_by_name():
-    group = {**ct_fp4_group("ct-nvfp4"), "input_activations": {"num_bits": 4, "type": "float", "dynamic": "local",
-                                                               "strategy": "tensor_group", "group_size": 16}}
+def test_other_activation_schemes_are_refused_by_name():
+    """FP8 per-token activations beside NVFP4 weights (W4A8) are not a scheme whose rounding is reproduced."""
+    fp8_tokens = {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True, "symmetric": True}
     with pytest.raises(UnsupportedError) as raised:
-        fp4_scheme_from_ct("group_0", group)
+        fp4_scheme_from_ct("group_0", {**ct_fp4_group("ct-nvfp4"), "input_activations": fp8_tokens})
     assert str(raised.value) == (
-        "config.json quantization_config config_groups.group_0: input_activations quantizes activations to FP4 "
-        "(the NVFP4 preset); only weight-only FP4 (NVFP4A16, MXFP4A16) loads, since its reference rounds every "
-        "input to FP4")
+        "config.json quantization_config config_groups.group_0.input_activations: {'num_bits': 8, 'type': 'float', "
+        "'strategy': 'token', 'group_size': None, 'dynamic': True, 'symmetric': True} with NVFP4 weights is not "
+        "supported; FP4 activations load as the NVFP4 preset writes them: {'num_bits': 4, 'type': 'float', "
+        "'strategy': 'tensor_group', 'group_size': 16, 'dynamic': 'local', 'symmetric': True}")
+
+
+def test_activation_rounding_is_part_of_the_reference(tmp_path):
+    """Without rounding the inputs the NVFP4 (W4A4) reference would be far from the loader: the emulation is
+    tested, and it is recorded per layer."""
+    path, reference = save_fp4_checkpoint("llama", tmp_path / "m", "ct-nvfp4-w4a4")
+    model, report = load(path)
+    assert report.quantization["groups"]["group_0"]["activations_applied"] is True
+    assert report.quantization["layers"]["model.layers.0.mlp.down_proj"]["reason"].endswith(
+        "; inputs rounded to NVFP4 per group of 16 as compressed-tensors' reference does")
+    for module in reference.modules():
+        module._forward_pre_hooks.clear()
+    assert logits_error(model, reference) > 1e-2
+
+
+def test_inputs_round_to_e2m1_as_compressed_tensors_does():
+    """Ties go to the even mantissa; values from compressed-tensors 0.19's ``cast_to_fp4``."""
+    x = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, -0.75, -0.1, 0.26, 0.74, 2.51, 9.0])
+    expected = [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 6.0, -1.0, -0.0, 0.5, 0.5, 3.0, 6.0]
+    assert round_to_e2m1(x).tolist() == expected
+    assert e2m1_values(e2m1_codes(x)).tolist() == expected
+
+
+def test_fused_parts_with_different_input_scales_round_their_own_inputs():
+    weight = torch.randn(6, 32)
+    scales = torch.tensor([50.0, 900.0])
+    kernel = DequantizedFp4Kernel(weight, scales, (4, 2))
+    x = torch.randn(3, 32)
+    expected = torch.cat([round_input_to_nvfp4(x, scales[0]) @ weight[:4].T,
+                          round_input_to_nvfp4(x, scales[1]) @ weight[4:].T], dim=-1)
+    assert torch.equal(kernel.matmul(x), expected)
+    assert not torch.equal(kernel.matmul(x)[:, 4:], round_input_to_nvfp4(x, scales[0]) @ weight[4:].T)
 
 
 def test_modelopt_fp8_is_refused_by_name():

@@ -2,7 +2,8 @@
 
 Column-parallel layers split each fused part's rows and their group scales (each
 part keeps its own global scale); row-parallel layers split the packed input
-columns and the group scales in whole groups. A split inside a group is refused.
+columns and the group scales in whole groups (an input rounded to NVFP4 is rounded
+per group, so each rank rounds its own columns). A split inside a group is refused.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ CASES = {
     "qwen2-ct-mxfp4": ("qwen2", "ct-mxfp4", ALIGNED),
     "llama-modelopt-nvfp4": ("llama", "modelopt-nvfp4", ALIGNED),
     "qwen2-ct-nvfp4": ("qwen2", "ct-nvfp4", ALIGNED),
+    "llama-ct-nvfp4-w4a4": ("llama", "ct-nvfp4-w4a4", ALIGNED),
 }
 # hidden 96 over two ranks: o_proj's 48 input columns per rank cut an MXFP4 group of 32
 CUT = ("llama", "ct-mxfp4", dict(ALIGNED, hidden_size=96))

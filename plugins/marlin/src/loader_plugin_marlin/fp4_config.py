@@ -4,8 +4,9 @@
   (llm-compressor's NVFP4A16 / MXFP4A16): :func:`fp4_scheme_from_ct`, called by
   the compressed-tensors dispatcher for each such group. A group that also
   quantizes activations (the ``NVFP4`` preset: ``input_activations`` with an
-  ``input_global_scale``) is refused: compressed-tensors' reference rounds every
-  input to FP4, which this CPU path does not reproduce.
+  ``input_global_scale`` per layer) rounds each input to FP4 as
+  compressed-tensors' reference does (:mod:`.fp4_activations`); other
+  activation schemes are refused by name.
 * NVIDIA ModelOpt (``quant_method: "modelopt"`` in ``config.json``'s
   ``quantization_config``, flat — ``quant_algo``, ``group_size``, ``ignore`` — or
   nested as in ``hf_quant_config.json`` — ``quantization: {quant_algo,
@@ -33,7 +34,7 @@ from loader.errors import ConfigError, UnsupportedError
 from loader.layers import FusedMoE, LinearBase, ParallelLMHead, QuantizationConfig
 
 from .config import module_list
-from .fp4_format import FP4_SCHEMES, MODELOPT_NVFP4, Fp4Scheme
+from .fp4_format import FP4_SCHEMES, MODELOPT_NVFP4, NVFP4_W4A4, Fp4Scheme
 from .fp4_method import Fp4LinearMethod
 
 if TYPE_CHECKING:
@@ -58,7 +59,8 @@ _KV_SCALES = (".k_scale", ".v_scale")
 class Fp4Config(QuantizationConfig):
     """An FP4 checkpoint: its :class:`~.fp4_format.Fp4Scheme`, the kernel asked for, the modules kept dense.
 
-    :ivar activations_quantized: the producer quantized activations to FP4 too (not applied here).
+    :ivar activations_quantized: the producer quantized activations to FP4 too (applied where the scheme says:
+        :attr:`~.fp4_format.Fp4Scheme.input_applied`).
     :ivar kernel_log: each FP4 layer's kernel, filled after loading.
     """
 
@@ -88,8 +90,8 @@ class Fp4Config(QuantizationConfig):
         scheme = self.scheme
         return {"method": self.name, "weights": scheme.kind, "group_size": scheme.group_size,
                 "scale_dtype": scheme.scale_type, "activations_quantized": self.activations_quantized,
-                "activations_applied": False, "kernel": self.kernel, "skip_modules": list(self.skip_modules),
-                "kernels": counts,
+                "activations_applied": scheme.input_applied, "kernel": self.kernel,
+                "skip_modules": list(self.skip_modules), "kernels": counts,
                 "layers": {prefix: choice.record() for prefix, choice in sorted(self.kernel_log.items())}}
 
 
@@ -186,13 +188,28 @@ def fp4_scheme_from_ct(name: str, scheme: Mapping[str, Any],
     if layout is None:
         raise UnsupportedError(f"{where}: format {fmt!r} is not an FP4 format; expected one of {list(FP4_SCHEMES)}")
     _check_weights(scheme.get("weights"), layout, str(fmt), f"{where}.weights")
-    if scheme.get("input_activations") is not None:
-        raise UnsupportedError(
-            f"{where}: input_activations quantizes activations to FP4 (the NVFP4 preset); only weight-only FP4 "
-            "(NVFP4A16, MXFP4A16) loads, since its reference rounds every input to FP4")
     if scheme.get("output_activations") is not None:
         raise UnsupportedError(f"{where}: output_activations are not supported")
-    return CompressedTensorsFp4Config(scheme=layout, kernel=fp4_kernel_option(options, "compressed-tensors"))
+    activations = scheme.get("input_activations")
+    if activations is not None:
+        _check_activations(activations, layout, f"{where}.input_activations")
+        layout = NVFP4_W4A4
+    return CompressedTensorsFp4Config(scheme=layout, kernel=fp4_kernel_option(options, "compressed-tensors"),
+                                      activations_quantized=activations is not None)
+
+
+def _check_activations(args: Any, layout: Fp4Scheme, where: str) -> None:
+    """The ``NVFP4`` preset's ``input_activations``: FP4 in groups of 16, a static global scale and dynamic
+    (``local``) group scales — the one activation scheme whose rounding :mod:`.fp4_activations` reproduces."""
+    expected = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "dynamic": "local",
+                "symmetric": True}
+    if not isinstance(args, Mapping):
+        raise ConfigError(f"{where} must be an object or null, found {args!r}")
+    found = {key: args.get(key, True if key == "symmetric" else None) for key in expected}
+    if layout.kind != "nvfp4" or found != expected:
+        raise UnsupportedError(
+            f"{where}: {found} with {layout.kind.upper()} weights is not supported; FP4 activations load as the "
+            f"NVFP4 preset writes them: {expected}")
 
 
 def _declared_group(scheme: Mapping[str, Any]) -> object:

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-__all__ = ["E2M1_VALUES", "FP4_SCHEMES", "MXFP4", "MODELOPT_NVFP4", "NVFP4", "Fp4Scheme", "decode_e2m1",
+__all__ = ["E2M1_VALUES", "FP4_SCHEMES", "MXFP4", "MODELOPT_NVFP4", "NVFP4", "NVFP4_W4A4", "Fp4Scheme", "decode_e2m1",
            "decode_e8m0", "dequantize_fp4"]
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
@@ -52,8 +52,10 @@ class Fp4Scheme:
     :ivar global_divides: the weight is divided by the global scale (compressed-tensors) or multiplied
         (ModelOpt's ``weight_scale_2``).
     :ivar decompressed_dtype: the dtype the producer's own decompression rounds the weight to (``None``: none).
-    :ivar input_name: a per-tensor activation scale the checkpoint stores beside the weight (ModelOpt's
-        ``input_scale``): read and checked, not applied (see :mod:`.fp4_config`).
+    :ivar input_name: a per-tensor activation scale the checkpoint stores beside the weight: compressed-tensors'
+        ``input_global_scale`` (applied: :mod:`.fp4_activations`) or ModelOpt's ``input_scale`` (read and
+        checked, not applied: see :mod:`.fp4_config`).
+    :ivar input_applied: the inputs are rounded to NVFP4 with the ``input_name`` scale before the matmul.
     """
 
     kind: str
@@ -64,6 +66,7 @@ class Fp4Scheme:
     global_divides: bool = True
     input_name: str | None = None
     decompressed_dtype: torch.dtype | None = None
+    input_applied: bool = False
 
     @property
     def scale_type(self) -> str:
@@ -72,6 +75,8 @@ class Fp4Scheme:
 
 NVFP4 = Fp4Scheme("nvfp4", 16, torch.float8_e4m3fn, global_name="weight_global_scale",
                   decompressed_dtype=torch.bfloat16)
+NVFP4_W4A4 = attrs.evolve(NVFP4, input_name="input_global_scale", input_applied=True)
+"""llm-compressor's ``NVFP4`` preset: NVFP4 weights and activations."""
 MXFP4 = Fp4Scheme("mxfp4", 32, torch.uint8, decompressed_dtype=torch.bfloat16)
 MODELOPT_NVFP4 = Fp4Scheme("nvfp4", 16, torch.float8_e4m3fn, packed_name="weight", global_name="weight_scale_2",
                            global_divides=False, input_name="input_scale")

@@ -1,7 +1,9 @@
 """Which kernel an FP4 layer runs with, and which one vLLM would pick on a GPU of a given capability.
 
 On the CPU there is no FP4 matmul: the codes and scales are decoded once at
-load into the load's dtype (``dequantized``) and multiplied with ``F.linear``.
+load into the load's dtype (``dequantized``) and multiplied with ``F.linear``
+(inputs first rounded to NVFP4 where the checkpoint quantizes activations and
+its reference does: :mod:`.fp4_activations`).
 
 On CUDA vLLM picks, for NVFP4 and MXFP4 linears:
 
@@ -85,4 +87,6 @@ def plan_fp4_kernel(scheme: Fp4Scheme, device_type: str, capability: tuple[int, 
     else:
         reason = (f"no FP4 matmul on {device_type}: the E2M1 codes and {scheme.scale_type} scales are decoded "
                   f"once at load into {dtype_name}")
+    if scheme.input_applied:
+        reason += f"; inputs rounded to NVFP4 per group of {scheme.group_size} as compressed-tensors' reference does"
     return choose_kernel([KernelOption(scheme.kind, reason)], DEQUANTIZED, dtype=dtype_name)

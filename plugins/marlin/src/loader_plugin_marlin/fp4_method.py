@@ -35,6 +35,7 @@ from loader.errors import CheckpointFormatError, UnsupportedError
 from loader.layers import LinearMethodBase, LinearShape, ParamLayout, set_param_layout
 from loader.models import current_session
 
+from .fp4_activations import round_input_to_nvfp4
 from .fp4_format import dequantize_fp4
 from .fp4_kernels import device_capability, plan_fp4_kernel
 from .layer_kernels import register_kernel_buffers, with_layer_buffers
@@ -71,12 +72,27 @@ class Fp4Geometry:
 
 @attrs.frozen
 class DequantizedFp4Kernel:
-    """The decoded weight ``[N, K]`` in the load's dtype, multiplied with ``F.linear``."""
+    """The decoded weight ``[N, K]`` in the load's dtype, multiplied with ``F.linear``.
+
+    :ivar input_scales: float32 ``[parts]``, each fused part's static ``input_global_scale`` when the checkpoint
+        rounds inputs to NVFP4 (:func:`~.fp4_activations.round_input_to_nvfp4`); ``None``: inputs as they come.
+    :ivar part_rows: each part's rows of :attr:`weight` (parts whose input scales differ see their own rounding).
+    """
 
     weight: torch.Tensor
+    input_scales: torch.Tensor | None = None
+    part_rows: tuple[int, ...] = ()
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight.to(x.dtype))
+        weight = self.weight.to(x.dtype)
+        scales = self.input_scales
+        if scales is None:
+            return F.linear(x, weight)
+        if bool((scales == scales[0]).all()):
+            return F.linear(round_input_to_nvfp4(x, scales[0]), weight)
+        outputs = [F.linear(round_input_to_nvfp4(x, scales[index]), part)
+                   for index, part in enumerate(weight.split(list(self.part_rows)))]
+        return torch.cat(outputs, dim=-1)
 
 
 @attrs.define
@@ -191,7 +207,10 @@ class Fp4LinearMethod(LinearMethodBase):
         device = tensors[self.config.scheme.packed_name].device
         choice = self._plan(state.geometry, device, state.params_dtype)
         part_rows = torch.tensor(state.geometry.part_rows, dtype=torch.int64, device=device)
-        kernel = DequantizedFp4Kernel(dequantize_fp4(self.config.scheme, tensors, part_rows, state.params_dtype))
+        scheme = self.config.scheme
+        input_scales = tensors[scheme.input_name].clone() if scheme.input_applied and scheme.input_name else None
+        kernel = DequantizedFp4Kernel(dequantize_fp4(scheme, tensors, part_rows, state.params_dtype), input_scales,
+                                      state.geometry.part_rows)
         del tensors
         for name in state.names:
             delattr(layer, name)
