@@ -24,6 +24,8 @@ import time
 
 import torch
 
+from loader.kernels import pack_int8_grouped
+
 KERNELS = ("dequant_fp32", "dequant_bf16", "int8pack_fp32", "int8pack_bf16", "int_mm_dynamic")
 GROUPED = ("grouped_partials", "grouped_planes", "grouped_bf16_once", "dequant_per_call")
 
@@ -63,7 +65,6 @@ def _setup(kernel: str, m: int, k: int, n: int, group: int):
             return out
         return partials
     if kernel == "grouped_planes":  # each group's scale repeated over its blocks of 32 columns
-        from loader.kernels import pack_int8_grouped
         blocks = gscales.repeat_interleave(group // 32, 0)
         packed = pack_int8_grouped(codes.view(n, k // 32, 32), blocks, torch.bfloat16)
         xb = x.to(torch.bfloat16)

@@ -38,6 +38,15 @@ from tests.helpers.ct_library_checkpoints import (
 from tests.helpers.fp8_checkpoints import ct_fp8_group, fp8_tensors, input_rounding
 from tests.helpers.gptq_checkpoints import make_g_idx, quantize, quantize_with
 from tests.helpers.hf_checkpoints import reference_logits, relative_error
+from tests.helpers.int8_checkpoints import (
+    STATIC_INPUT_SCALE,
+    STATIC_INPUT_ZERO_POINT,
+    fake_quantize,
+    int8_host,
+    int8_scheme,
+    quantize_int8,
+    save_int8_checkpoint,
+)
 from tests.helpers.model_checks import random_ids
 
 GRID = [(bits, group_size, sym) for bits in (4, 8) for group_size in (32, 128, -1) for sym in (True, False)]
@@ -161,8 +170,6 @@ def test_the_int8_packer_writes_the_library_s_int_quantized_tensors(strategy, sy
     from compressed_tensors.quantization import QuantizationScheme
     from compressed_tensors.quantization.utils import calculate_qparams
 
-    from tests.helpers.int8_checkpoints import int8_scheme, quantize_int8
-
     weight = torch.randn(96, 128, generator=torch.Generator().manual_seed(len(strategy))) * 0.05
     tensors, dequantized = quantize_int8(weight, strategy, symmetric=sym, group_size=32)
     scheme = QuantizationScheme.model_validate(int8_scheme(strategy, symmetric=sym, group_size=32))
@@ -189,8 +196,6 @@ def test_int8_input_fake_quantization_is_the_library_s_forward_quantize(activati
     from compressed_tensors.quantization import QuantizationArgs, QuantizationStatus
     from compressed_tensors.quantization.lifecycle.forward import forward_quantize
 
-    from tests.helpers.int8_checkpoints import STATIC_INPUT_SCALE, STATIC_INPUT_ZERO_POINT, fake_quantize
-
     args = QuantizationArgs(num_bits=8, type="int", symmetric=activations["symmetric"],
                             strategy="token" if activations["dynamic"] else "tensor", dynamic=activations["dynamic"])
     module = torch.nn.Linear(64, 8)
@@ -211,8 +216,6 @@ def test_transformers_run_compressed_false_keeps_int8_activations_in_full_precis
     """transformers' ``run_compressed=False`` (``dequantize=True``) load of the packer's checkpoint gives the
     dequantized reference's logits (no input fake-quantization), and the loader's float32 load gives them too."""
     import transformers
-
-    from tests.helpers.int8_checkpoints import int8_host, int8_scheme, save_int8_checkpoint
 
     path, reference = save_int8_checkpoint("llama", tmp_path / "m", int8_scheme(**scheme_args))
     config = transformers.CompressedTensorsConfig(run_compressed=False)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import loader
+from loader._pipeline.plan import plan_layers
 from loader.errors import CheckpointFormatError, ShapeMismatchError, UnsupportedError
 from loader.kernels import KernelChoice
 from loader_plugin_marlin.int8_config import int8_scheme_from_ct
@@ -195,8 +196,6 @@ def test_static_input_scales_of_fused_parts_unite_their_ranges():
     (int8_scheme("channel"), "float32", {"kernel": "dequantize"}),
 ], ids=["channel-f32", "tensor-bf16", "group-bf16", "group-f32-int8pack", "group-int8-mm", "dequantize"])
 def test_the_plan_from_shapes_is_the_choice_made_at_load(tmp_path, scheme, dtype, options):
-    from loader._pipeline.plan import plan_layers
-
     path, _ = save_int8_checkpoint("qwen2", tmp_path / "m", scheme, **SIZES)
     planned = plan_layers(str(path), dtype=dtype, quantization=METHOD, quantization_options=options,
                           host=int8_host())
