@@ -22,10 +22,11 @@ from loader.layers import QKVParallelLinear, RowParallelLinear
 from loader.testing import simulated_tp
 from loader_plugin_marlin.compressed_tensors_config import ct_config_from_checkpoint
 from loader_plugin_marlin.fp4_activations import round_input_to_nvfp4, round_to_e2m1
-from loader_plugin_marlin.fp4_config import fp4_scheme_from_ct, modelopt_config_from_checkpoint
+from loader_plugin_marlin.fp4_config import fp4_scheme_from_ct
 from loader_plugin_marlin.fp4_format import MXFP4, NVFP4, dequantize_fp4
 from loader_plugin_marlin.fp4_kernels import cuda_fp4_choice, plan_fp4_kernel
 from loader_plugin_marlin.fp4_method import DequantizedFp4Kernel
+from loader_plugin_marlin.modelopt_config import modelopt_config_from_checkpoint
 from tests.helpers.fp4_checkpoints import (
     LAYOUTS,
     ct_fp4_group,
@@ -34,6 +35,7 @@ from tests.helpers.fp4_checkpoints import (
     fp4_quantization_config,
     save_fp4_checkpoint,
 )
+from tests.helpers.fp8_checkpoints import save_fp8_checkpoint
 from tests.helpers.hf_checkpoints import reference_logits, relative_error
 from tests.helpers.model_checks import random_ids
 
@@ -203,11 +205,29 @@ def test_fused_parts_with_different_input_scales_round_their_own_inputs():
     assert not torch.equal(kernel.matmul(x)[:, 4:], round_input_to_nvfp4(x, scales[0]) @ weight[4:].T)
 
 
-def test_modelopt_fp8_is_refused_by_name():
+def test_another_modelopt_algorithm_is_refused_by_name():
     with pytest.raises(UnsupportedError) as raised:
-        modelopt_config_from_checkpoint({"quant_method": "modelopt", "quantization": {"quant_algo": "FP8"}})
-    assert str(raised.value) == ("config.json quantization_config: ModelOpt quant_algo 'FP8' is not supported yet; "
-                                 "ModelOpt checkpoints load with quant_algo in ['NVFP4', 'W4A16_NVFP4']")
+        modelopt_config_from_checkpoint({"quant_method": "modelopt", "quantization": {"quant_algo": "FP8_PB_WO"}})
+    assert str(raised.value) == ("config.json quantization_config: ModelOpt quant_algo 'FP8_PB_WO' is not "
+                                 "supported; expected one of ['NVFP4', 'W4A16_NVFP4', 'FP8']")
+
+
+def test_modelopt_fp8_loads_with_the_fp8_method(tmp_path):
+    """Per-tensor FP8 weights and a static input scale, scalars as ModelOpt stores them; the reference rounds
+    the inputs to FP8 with that scale (vLLM's W8A8)."""
+    path, reference = save_fp8_checkpoint("llama", tmp_path / "m", "ct-tensor-static")
+    tensors = load_file(path / "model.safetensors")
+    tensors = {name: value.reshape(()) if name.endswith(("weight_scale", "input_scale")) else value
+               for name, value in tensors.items()}
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "FP8", "ignore": ["lm_head"],
+                                     "kv_cache_scheme": None}
+    (path / "config.json").write_text(json.dumps(config))
+    model, report = load(path)
+    assert report.quantization["method"] == "modelopt" and report.quantization["quant_algo"] == "FP8"
+    assert report.quantization["kernels"] == {"fp8_dequantized": 8}
+    assert logits_error(model, reference) <= TOLERANCE
 
 
 def test_modelopt_nested_form_and_wildcard_excludes(tmp_path):

@@ -17,8 +17,8 @@ from loader.layers import QuantizationConfig
 from .awq_format import awq_config_from_checkpoint
 from .compressed_tensors_config import ct_config_from_checkpoint
 from .config import config_from_checkpoint
-from .fp4_config import modelopt_config_from_checkpoint
 from .fp8_config import fbgemm_fp8_config_from_checkpoint, fp8_config_from_checkpoint
+from .modelopt_config import modelopt_config_from_checkpoint
 
 __all__ = ["METHODS", "detect_packed"]
 

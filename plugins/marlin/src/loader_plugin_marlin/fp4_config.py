@@ -7,16 +7,8 @@
   ``input_global_scale`` per layer) rounds each input to FP4 as
   compressed-tensors' reference does (:mod:`.fp4_activations`); other
   activation schemes are refused by name.
-* NVIDIA ModelOpt (``quant_method: "modelopt"`` in ``config.json``'s
-  ``quantization_config``, flat — ``quant_algo``, ``group_size``, ``ignore`` — or
-  nested as in ``hf_quant_config.json`` — ``quantization: {quant_algo,
-  exclude_modules, ...}``): :func:`modelopt_config_from_checkpoint`. A checkpoint
-  whose config is only in ``hf_quant_config.json`` is not seen by the
-  quantization hook (it receives ``config.json``). ``NVFP4`` checkpoints store an
-  ``input_scale`` for FP4 activations; it is read and checked but not applied:
-  the weights are decoded and the activations kept in the model's dtype, as
-  vLLM's Marlin FP4 path runs them on GPUs before compute capability 10.0.
-  ModelOpt ``FP8`` is refused by name (the FP8 method does not take it yet).
+* NVIDIA ModelOpt NVFP4: :class:`~.modelopt_config.ModelOptFp4Config`, read by
+  :mod:`.modelopt_config`.
 
 Each config hands :class:`~.fp4_method.Fp4LinearMethod` to the parallel linear
 layers and records each layer's :class:`~loader.kernels.KernelChoice`.
@@ -24,8 +16,7 @@ layers and records each layer's :class:`~loader.kernels.KernelChoice`.
 
 from __future__ import annotations
 
-import fnmatch
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
@@ -33,8 +24,7 @@ import attrs
 from loader.errors import ConfigError, UnsupportedError
 from loader.layers import FusedMoE, LinearBase, ParallelLMHead, QuantizationConfig
 
-from .config import module_list
-from .fp4_format import FP4_SCHEMES, MODELOPT_NVFP4, NVFP4_W4A4, Fp4Scheme
+from .fp4_format import FP4_SCHEMES, NVFP4_W4A4, Fp4Scheme
 from .fp4_method import Fp4LinearMethod
 
 if TYPE_CHECKING:
@@ -42,17 +32,12 @@ if TYPE_CHECKING:
 
     from loader.kernels import KernelChoice
     from loader.layers import QuantizeMethodBase
-    from loader.weights import CheckpointTensor, WeightStream
 
-__all__ = ["KERNELS", "CompressedTensorsFp4Config", "Fp4Config", "ModelOptFp4Config", "fp4_scheme_from_ct",
-           "modelopt_config_from_checkpoint"]
+__all__ = ["KERNELS", "CompressedTensorsFp4Config", "Fp4Config", "fp4_kernel_option", "fp4_scheme_from_ct"]
 
 _WHERE = "config.json quantization_config"
 KERNELS = ("auto", "dequantize")
 """``quantization_options["kernel"]``: both decode the weight at load (there is no FP4 matmul here)."""
-MODELOPT_FP4_ALGOS = {"NVFP4": True, "W4A16_NVFP4": False}
-"""ModelOpt ``quant_algo`` → whether its activations are FP4 too."""
-_KV_SCALES = (".k_scale", ".v_scale")
 
 
 @attrs.frozen
@@ -100,40 +85,6 @@ class CompressedTensorsFp4Config(Fp4Config):
     """One compressed-tensors FP4 group; the dispatcher decides which layers it covers."""
 
     name: ClassVar[str] = "compressed-tensors"
-
-
-@attrs.frozen
-class ModelOptFp4Config(Fp4Config):
-    """A ModelOpt NVFP4 checkpoint: ``exclude_modules`` are ModelOpt's wildcards (``fnmatch``), or names that a
-    module's dotted name contains, as vLLM reads them.
-
-    :ivar kv_cache_algo: ``kv_cache_quant_algo``; its ``k_scale``/``v_scale`` tensors are taken aside (the
-        attention keeps its cache in the model's dtype).
-    """
-
-    name: ClassVar[str] = "modelopt"
-
-    kv_cache_algo: str | None = None
-    kv_scales: dict[str, CheckpointTensor] = attrs.field(factory=dict, eq=False, repr=False)
-
-    def ignores(self, prefix: str) -> bool:
-        return any(fnmatch.fnmatchcase(prefix, pattern) or (not any(c in pattern for c in "*?[") and
-                                                            f".{pattern}." in f".{prefix}.")
-                   for pattern in self.skip_modules)
-
-    def wrap_weights(self, weights: WeightStream) -> WeightStream:
-        return self._without_kv_scales(weights) if self.kv_cache_algo else weights
-
-    def _without_kv_scales(self, weights: WeightStream) -> Iterator[tuple[str, CheckpointTensor]]:
-        for name, tensor in weights:
-            if name.endswith(_KV_SCALES):
-                self.kv_scales[name] = tensor
-                continue
-            yield name, tensor
-
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "kv_cache": None if not self.kv_cache_algo else {
-            "algo": self.kv_cache_algo, "scales": len(self.kv_scales), "applied": False}}
 
 
 def fp4_kernel_option(options: Mapping[str, Any] | None, method: str) -> str:
@@ -215,41 +166,3 @@ def _check_activations(args: Any, layout: Fp4Scheme, where: str) -> None:
 def _declared_group(scheme: Mapping[str, Any]) -> object:
     weights = scheme.get("weights")
     return weights.get("group_size") if isinstance(weights, Mapping) else None
-
-
-def _modelopt_fields(declared: Mapping[str, Any]) -> tuple[Any, Any, Any, Any]:
-    """``(quant_algo, group_size, excluded modules, kv cache algo)`` from the nested (``hf_quant_config.json``)
-    or the flat (``config.json``) form."""
-    nested = declared.get("quantization")
-    if nested is not None:
-        if not isinstance(nested, Mapping):
-            raise ConfigError(f"{_WHERE}: quantization must be an object, found {nested!r}")
-        return (nested.get("quant_algo"), nested.get("group_size"), nested.get("exclude_modules"),
-                nested.get("kv_cache_quant_algo"))
-    kv_scheme = declared.get("kv_cache_scheme")
-    kv = "FP8" if isinstance(kv_scheme, Mapping) and kv_scheme.get("type") == "float" else kv_scheme
-    excluded = declared.get("ignore", declared.get("exclude_modules"))
-    return declared.get("quant_algo"), declared.get("group_size"), excluded, kv
-
-
-def modelopt_config_from_checkpoint(declared: Mapping[str, Any],
-                                    options: Mapping[str, Any] | None = None) -> ModelOptFp4Config:
-    """The config of a ``quant_method: "modelopt"`` checkpoint; ``NVFP4`` and ``W4A16_NVFP4`` load."""
-    algo, group_size, excluded, kv = _modelopt_fields(declared)
-    algo_name = str(algo).upper() if isinstance(algo, str) else algo
-    if algo_name == "FP8" or (isinstance(algo_name, str) and algo_name.startswith("FP8")):
-        raise UnsupportedError(f"{_WHERE}: ModelOpt quant_algo {algo!r} is not supported yet; ModelOpt checkpoints "
-                               f"load with quant_algo in {list(MODELOPT_FP4_ALGOS)}")
-    if algo_name not in MODELOPT_FP4_ALGOS:
-        raise UnsupportedError(f"{_WHERE}: ModelOpt quant_algo {algo!r} is not supported; expected one of "
-                               f"{list(MODELOPT_FP4_ALGOS)}")
-    if group_size not in (None, MODELOPT_NVFP4.group_size) or isinstance(group_size, bool):
-        raise UnsupportedError(f"{_WHERE}: group_size {group_size!r} is not supported; ModelOpt NVFP4 has groups "
-                               f"of {MODELOPT_NVFP4.group_size}")
-    if kv is not None and not isinstance(kv, str):
-        raise ConfigError(f"{_WHERE}: kv_cache_quant_algo must be a string or null, found {kv!r}")
-    activations = MODELOPT_FP4_ALGOS[str(algo_name)]
-    layout = MODELOPT_NVFP4 if activations else attrs.evolve(MODELOPT_NVFP4, input_name=None)
-    return ModelOptFp4Config(scheme=layout, kernel=fp4_kernel_option(options, "modelopt"),
-                             skip_modules=module_list(excluded, "exclude_modules", _WHERE),
-                             activations_quantized=activations, kv_cache_algo=kv)
