@@ -10,6 +10,11 @@ The reference is what a user of ``transformers`` gets: ``from_pretrained(..., de
 the weights, and the forward still applies the scheme's activation quantization (compressed-tensors wraps each
 quantized ``Linear``; measured: a W8A8 tiny Llama's logits move by 0.9% relative without it, FP8 dynamic by 3.7%).
 Floating point parameters are cast to float32 first (the FP4 schemes decompress to bfloat16).
+
+transformers 5.17 does not apply online rotations (``transform_config``: it reports the stored
+``*_input.weight`` matrices as unexpected and drops them), so for those the reference is the model as
+llm-compressor held it after ``oneshot``, before saving: its logits are saved beside the checkpoint
+(:data:`IN_MEMORY_LOGITS`).
 """
 
 from __future__ import annotations
@@ -21,9 +26,13 @@ from typing import Any
 import torch
 
 from tests.helpers.hf_checkpoints import save_checkpoint, tiny_config
+from tests.helpers.model_checks import random_ids
 from tests.helpers.tokenizers_files import write_tokenizer
 
-__all__ = ["SIZES", "decompressed_logits", "quantize_with_llmcompressor"]
+__all__ = ["IN_MEMORY_LOGITS", "SIZES", "decompressed_logits", "quantize_with_llmcompressor"]
+
+IN_MEMORY_LOGITS = "in_memory_logits.pt"
+"""Logits of ``random_ids(vocab_size)`` from the model ``oneshot`` quantized, before it was saved."""
 
 SIZES = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
              vocab_size=256)
@@ -56,7 +65,10 @@ def quantize_with_llmcompressor(family: str, path: Path, recipe: Any, *, save_co
     with contextlib.chdir(path):
         oneshot(model=model, recipe=recipe, tokenizer=tokenizer, **extra)
     out = path / "quantized"
+    with torch.no_grad():  # the model as llm-compressor evaluated it, before saving
+        in_memory = model(input_ids=random_ids(config.vocab_size), use_cache=False).logits
     model.save_pretrained(out, save_compressed=save_compressed)
+    torch.save(in_memory, out / IN_MEMORY_LOGITS)
     tokenizer.save_pretrained(out)
     return out
 

@@ -186,7 +186,7 @@ def test_a_quantized_embedding_is_refused_by_name(tmp_path) -> None:
 
 @pytest.mark.parametrize(("change", "error", "message"), [
     ({"transform_config": {"config_groups": {"R1": {}}}}, UnsupportedError,
-     r"transform_config \(online rotations: QuIP, SpinQuant R3/R4\) is not supported"),
+     r"transform_config.config_groups.R1: transform type None is not supported"),
     ({"sparsity_config": {"format": "sparse-24-bitmask"}}, UnsupportedError,
      r"sparsity_config format 'sparse-24-bitmask' \(compressed 2:4 sparse weights\) is not supported"),
     ({"ignore": ["re:(unclosed"]}, ConfigError, r"ignore entry 're:\(unclosed' is not a regular expression"),

@@ -4,7 +4,8 @@ Skipped where llm-compressor is not installed (tox env ``marlin-llmcompressor``)
 Qwen2 (tied embeddings), each scheme is applied by ``oneshot`` — its presets, a GPTQ run with act-order, a
 two-group mixed-precision recipe, a quantized output head, an FP8 KV cache, a checkpoint saved uncompressed —
 and loader's float32 logits must be within 1e-3 (relative) of ``transformers``' for the same checkpoint
-(:mod:`tests.helpers.llmcompressor_checkpoints` says what that reference computes).
+(:mod:`tests.helpers.llmcompressor_checkpoints` says what that reference computes) — of llm-compressor's own
+model for QuIP and SpinQuant online rotations, which transformers drops.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import torch
 pytest.importorskip("llmcompressor")
 
 from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
+from llmcompressor.modifiers.transform import QuIPModifier, SpinQuantModifier
 
 import loader
 from tests.helpers.hf_checkpoints import relative_error
-from tests.helpers.llmcompressor_checkpoints import decompressed_logits, quantize_with_llmcompressor
+from tests.helpers.llmcompressor_checkpoints import IN_MEMORY_LOGITS, decompressed_logits, quantize_with_llmcompressor
 from tests.helpers.model_checks import random_ids
 
 pytestmark = pytest.mark.slow
@@ -59,15 +61,14 @@ CASES: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
     "FP8_BLOCK": (_preset("FP8_BLOCK"), {}),
     "NVFP4A16": (_preset("NVFP4A16"), {}),
     "MXFP4A16": (_preset("MXFP4A16"), {}),
+    "QuIP-W4A16": (lambda: [QuIPModifier(targets="Linear", ignore=["lm_head"], transform_type="random-hadamard"),
+                            _preset("W4A16")()], {}),
+    "SpinQuant-R1R2R4-W4A16": (lambda: [SpinQuantModifier(rotations=["R1", "R2", "R4"], transform_type="hadamard"),
+                                        _preset("W4A16")()], {}),
 }
-NOT_YET: dict[str, str] = {
-    "W8A8": "compressed-tensors format 'int-quantized' is not supported",
-    "FP8_DYNAMIC": "compressed-tensors format 'float-quantized' is not supported",
-    "FP8": "compressed-tensors format 'float-quantized' is not supported",
-    "FP8_BLOCK": "compressed-tensors format 'float-quantized' is not supported",
-    "NVFP4A16": "compressed-tensors format 'nvfp4-pack-quantized' is not supported",
-    "MXFP4A16": "compressed-tensors format 'mxfp4-pack-quantized' is not supported",
-}
+ROTATED = ("QuIP-W4A16", "SpinQuant-R1R2R4-W4A16")
+"""Online rotations: transformers drops them, so the reference is llm-compressor's own model before saving."""
+NOT_YET: dict[str, str] = {}
 """Schemes refused so far, each with the message a user gets (the test fails once one loads: move it up)."""
 
 
@@ -95,7 +96,8 @@ def test_llmcompressor_checkpoints_equal_transformers_decompressed_model(written
         return
     model, report = loader.load_model_with_report(str(path), dtype="float32")
     ids = random_ids(model.config.vocab_size)
-    error = relative_error(model(ids), decompressed_logits(path, ids))
+    expected = torch.load(path / IN_MEMORY_LOGITS) if case in ROTATED else decompressed_logits(path, ids)
+    error = relative_error(model(ids), expected)
     print(f"{family} {case}: relative error {error:.3g}, kernels {report.quantization['kernels']}")
     assert error <= 1e-3
     if case == "W4A16-kv-fp8":
@@ -118,3 +120,15 @@ def test_logits_are_checked_against_a_reference_that_differs_from_a_random_model
     other = quantize_with_llmcompressor("llama", path.parents[2] / "other", _preset("W4A16")(), seed=1)
     assert relative_error(loader.load_model(str(other), dtype="float32")(ids), decompressed_logits(path, ids)) > 0.1
     assert torch.isfinite(decompressed_logits(path, ids)).all()
+
+
+def test_the_in_memory_reference_is_the_saved_model_where_transformers_applies_everything(written) -> None:
+    """Where transformers applies the whole scheme, its logits equal llm-compressor's model before saving; for
+    online rotations it does not (it drops the stored matrices), which is why those compare with the latter."""
+    ids = random_ids(256)
+    plain = written["llama", "W4A16"]
+    assert relative_error(decompressed_logits(plain, ids), torch.load(plain / IN_MEMORY_LOGITS)) < 1e-5
+    rotated = written["llama", "QuIP-W4A16"]
+    assert relative_error(decompressed_logits(rotated, ids), torch.load(rotated / IN_MEMORY_LOGITS)) > 0.05
+    assert loader.load_model_with_report(str(rotated), dtype="float32")[1].quantization["online_rotations"] == {
+        "groups": ["v"], "layers": 8}

@@ -21,7 +21,9 @@ another model, or a typo), raised before any weight is read. The scales of an
 FP8 KV cache (``kv_cache_scheme``: ``self_attn.k_scale``/``v_scale``) are
 taken from the stream and, once the model is loaded, given to its attention
 layers (:mod:`~loader_plugin_marlin.kv_cache_scales`), which round keys and
-values as that cache does.
+values as that cache does; the matrices of online rotations (``transform_config``)
+likewise go to the layers whose input they rotate
+(:mod:`~loader_plugin_marlin.online_transforms`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
+import torch
 
 from loader.errors import ConfigError, UnsupportedError
 from loader.layers import FusedMoE, LinearBase, ParallelLMHead, QuantizationConfig, VocabParallelEmbedding
@@ -41,6 +44,7 @@ from .dense_frozen_format import dense_frozen_scheme
 from .fp4_config import fp4_scheme_from_ct
 from .fp8_config import fp8_scheme_from_ct
 from .int8_config import int8_scheme_from_ct
+from .online_transforms import OnlineTransform, online_transforms, transform_tensor_group
 
 if TYPE_CHECKING:
     from torch import nn
@@ -104,7 +108,10 @@ class CompressedTensorsConfig(QuantizationConfig):
 
     :ivar matched: each target that matched a layer while the model was built, ``(group, target)``.
     :ivar kv_scales: the KV cache scales taken from the checkpoint, by tensor name.
+    :ivar transforms: the rotations applied to layer inputs (``transform_config``).
     :ivar kv_attached: the attention layers given KV cache scales after loading.
+    :ivar transform_matrices: the stored rotation matrices, taken from the stream.
+    :ivar rotated: the layers whose input is rotated.
     :ivar dense_modules: the checkpoint modules of groups that quantize nothing (their saved observer tensors
         are set aside).
     """
@@ -114,11 +121,14 @@ class CompressedTensorsConfig(QuantizationConfig):
     groups: tuple[SchemeGroup, ...]
     ignore: tuple[str, ...] = ()
     kv_cache_scheme: Mapping[str, Any] | None = None
+    transforms: tuple[OnlineTransform, ...] = ()
     matched: set[tuple[str, str]] = attrs.field(factory=set, eq=False, repr=False)
     kv_scales: dict[str, float] = attrs.field(factory=dict, eq=False, repr=False)
     dense_modules: set[str] = attrs.field(factory=set, eq=False, repr=False)
     layer_groups: dict[str, SchemeGroup] = attrs.field(factory=dict, eq=False, repr=False)
     kv_attached: list[str] = attrs.field(factory=list, eq=False, repr=False)
+    transform_matrices: dict[str, torch.Tensor] = attrs.field(factory=dict, eq=False, repr=False)
+    rotated: list[str] = attrs.field(factory=list, eq=False, repr=False)
 
     def ignores(self, prefix: str) -> bool:
         self._note_name_matches(prefix)
@@ -205,6 +215,9 @@ class CompressedTensorsConfig(QuantizationConfig):
             if self.kv_cache_scheme is not None and name.endswith(_KV_SCALES):
                 self.kv_scales[name] = float(tensor.read().float().reshape(-1)[0])
                 continue
+            if transform_tensor_group(name, self.transforms) is not None:
+                self.transform_matrices[name] = tensor.read()
+                continue
             module, _, leaf = name.rpartition(".")
             if leaf in _DENSE_EXTRAS and module in self.dense_modules:
                 continue  # a dense group's saved quantization parameters: its weights are already floats
@@ -226,7 +239,9 @@ class CompressedTensorsConfig(QuantizationConfig):
                   "applied": len(self.kv_attached), "note": "keys and values rounded to FP8 under the scales, "
                   "kept in the model's dtype"}
         return {"method": self.name, "groups": groups, "ignore": list(self.ignore), "kernels": kernels,
-                "layers": dict(sorted(layers.items())), "kv_cache": kv}
+                "layers": dict(sorted(layers.items())), "kv_cache": kv,
+                "online_rotations": {"groups": sorted({t.group for t in self.transforms}),
+                                     "layers": len(self.rotated)} if self.transforms else None}
 
 
 def _patterns(value: Any, key: str) -> tuple[str, ...]:
@@ -245,9 +260,6 @@ def _patterns(value: Any, key: str) -> tuple[str, ...]:
 
 def _refuse_unsupported_features(declared: Mapping[str, Any]) -> None:
     """Features that change what the stored tensors mean, named rather than loaded wrongly."""
-    if declared.get("transform_config"):
-        raise UnsupportedError(f"{_WHERE}: transform_config (online rotations: QuIP, SpinQuant R3/R4) is not "
-                               "supported; a checkpoint with the rotations folded into its weights loads")
     sparsity = declared.get("sparsity_config")
     if isinstance(sparsity, Mapping) and sparsity.get("format") not in (None, DENSE):
         raise UnsupportedError(f"{_WHERE}: sparsity_config format {sparsity.get('format')!r} (compressed 2:4 "
@@ -305,4 +317,5 @@ def ct_config_from_checkpoint(declared: Mapping[str, Any],
     if kv_cache is not None and not isinstance(kv_cache, Mapping):
         raise ConfigError(f"{_WHERE}: kv_cache_scheme must be an object or null, found {kv_cache!r}")
     return CompressedTensorsConfig(groups=groups, ignore=_patterns(declared.get("ignore") or [], "ignore"),
-                                   kv_cache_scheme=kv_cache)
+                                   kv_cache_scheme=kv_cache,
+                                   transforms=online_transforms(declared.get("transform_config")))

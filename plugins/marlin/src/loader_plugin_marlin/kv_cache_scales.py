@@ -16,11 +16,9 @@ from collections.abc import Mapping
 from torch import nn
 
 from loader.errors import CheckpointFormatError
-from loader.layers import Attention, QuantizationConfig
+from loader.layers import Attention
 
-from .compressed_tensors_config import CompressedTensorsConfig
-
-__all__ = ["attach_declared_kv_cache_scales", "attach_kv_cache_scales"]
+__all__ = ["attach_kv_cache_scales"]
 
 
 def _pairs(scales: Mapping[str, float]) -> dict[str, dict[str, float]]:
@@ -52,8 +50,3 @@ def attach_kv_cache_scales(model: nn.Module, scales: Mapping[str, float]) -> lis
         attentions[name].set_kv_cache_scales(k_scale, v_scale)
     return sorted(given)
 
-
-def attach_declared_kv_cache_scales(model: nn.Module, quant_config: QuantizationConfig) -> None:
-    """After a compressed-tensors load that declares ``kv_cache_scheme``: attach the scales and record where."""
-    if isinstance(quant_config, CompressedTensorsConfig) and quant_config.kv_cache_scheme is not None:
-        quant_config.kv_attached[:] = attach_kv_cache_scales(model, quant_config.kv_scales)

@@ -45,9 +45,9 @@ def loader_detect_quantization(
 @hookimpl
 def loader_process_weights_after_loading(model: nn.Module, quant_config: QuantizationConfig | None,
                                          target_device: torch.device) -> None:
-    """A compressed-tensors checkpoint with an FP8 KV cache: each attention layer gets its scales."""
+    """A compressed-tensors checkpoint: its FP8 KV cache scales and online rotations reach their layers."""
     if quant_config is None or quant_config.name != "compressed-tensors":
         return  # answered before importing anything
-    from .kv_cache_scales import attach_declared_kv_cache_scales
+    from .ct_post_load import finish_compressed_tensors_load
 
-    attach_declared_kv_cache_scales(model, quant_config)
+    finish_compressed_tensors_load(model, quant_config)
