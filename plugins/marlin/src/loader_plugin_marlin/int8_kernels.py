@@ -3,18 +3,22 @@
 What the reference computes: ``transformers`` with ``run_compressed=False`` (5.x: ``dequantize=True``) turns
 every int8 weight into ``(weight - zero_point) * scale`` at load and runs a plain dense model — it never
 calls compressed-tensors' wrapped forward, so **activations are not quantized** and the stored ``input_scale``
-tensors are unused. On the CPU, ``auto`` therefore keeps activations in floating point (weight-only math), which
-matches that reference to rounding:
+tensors are unused (``tests/plugins/marlin/test_compressed_tensors_library.py`` loads the test checkpoints
+with transformers 5.24 and compressed-tensors 0.20.1 and gets the dequantized model's logits). On the CPU,
+``auto`` therefore keeps activations in floating point (weight-only math), which matches that reference to
+rounding:
 
 * float32 loads: the weight dequantized once (``dequantized``). Measured on a 2-core AVX-512-VNNI Xeon
-  (no AMX; ``benchmarks/bench_int8_kernels.py``, OMP_NUM_THREADS=2, fresh processes, medians; K=2048,
-  N=8192), milliseconds for M=1 / M=128 tokens: dequantized fp32 4.1 / 99, ``_weight_int8pack_mm`` fp32
-  20.6 / 2329, ``_int_mm`` with per-token int8 activations 6.9 / 80, dequantized bf16 8.0 / 28,
-  ``_weight_int8pack_mm`` bf16 8.0 / 89. torch's int8 weight kernel is 5x (decode) to 23x (prefill) slower
-  than float32 ``F.linear`` in float32, so float32 layers hold the float32 weight.
-* bfloat16 / float16 loads: ``int8pack`` (channel and tensor scales) — as fast as the dequantized bfloat16
-  weight for decode at half its memory; grouped weights take the marlin chooser (the int8 planes, else the
-  dequantize fallback).
+  (no AMX; ``benchmarks/bench_int8_kernels.py``: OMP_NUM_THREADS=2, a fresh process per kernel, five
+  interleaved rounds, medians; K=2048, N=8192; load average ~3 from other work), milliseconds for M=1 / M=128
+  tokens: dequantized fp32 5.9 / 123, ``_weight_int8pack_mm`` fp32 32 / 3182, ``_int_mm`` with per-token
+  int8 activations 8.0 / 76, dequantized bf16 8.1 / 25, ``_weight_int8pack_mm`` bf16 8.0 / 93. torch's
+  int8 weight kernel is 5x (decode) to 26x (prefill) slower than float32 ``F.linear`` in float32, so float32
+  layers hold the float32 weight.
+* bfloat16 / float16 loads: ``int8pack`` (channel and tensor scales): decode ties every other kernel at
+  one byte per weight (the dequantized bfloat16 weight, 3.7x faster at prefill, holds two); ``int8_mm`` is
+  18 % faster at prefill but changes the math (quantized activations). Grouped weights take the marlin
+  chooser (the int8 planes, else the dequantize fallback).
 
 ``int8_mm`` (asked for by ``quantization_options={"kernel": "int8_mm"}``, and ``auto`` on CUDA) computes what
 vLLM and compressed-tensors' own quantized forward compute: the input quantized to int8 (dynamic: per token,
@@ -22,6 +26,8 @@ vLLM and compressed-tensors' own quantized forward compute: the input quantized 
 the stored per-tensor scale and zero point), ``torch._int_mm`` with the int8 weight (int32 accumulation, exact),
 then both scales; an input zero point is corrected with the weight's row sums. It takes symmetric channel or
 tensor weights; on CUDA rows are padded to 17 (``_int_mm`` wants more than 16) and K, N must be multiples of 8.
+vLLM runs the same math through its CUTLASS ``cutlass_scaled_mm`` extension, which this plugin does not ship;
+torch's ``_int_mm`` is the kernel torch has (the CUDA path is chosen by device and not yet run on a GPU here).
 """
 
 from __future__ import annotations
