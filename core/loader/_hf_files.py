@@ -1,4 +1,5 @@
-"""The core's readers for Hugging Face side files: ``config.json`` and the tokenizer.
+"""The core's readers for Hugging Face side files: ``config.json`` (with ModelOpt's ``hf_quant_config.json``) and
+the tokenizer.
 
 Registered as plugin ``core.hf_files`` with ``trylast``: formats whose files
 carry their own metadata (GGUF) answer first. Local folders are read from
@@ -23,20 +24,33 @@ from .checkpoint import (
 )
 from .hookspecs import hookimpl
 
-__all__ = ["loader_load_tokenizer", "loader_read_config"]
+__all__ = ["MODELOPT_CONFIG", "loader_load_tokenizer", "loader_read_config"]
+
+MODELOPT_CONFIG = "hf_quant_config.json"
+"""NVIDIA ModelOpt's exports describe their quantization here rather than in ``config.json`` (older ones only
+here): read as ``quantization_config`` with ``quant_method: "modelopt"``, its nested form as the file has it,
+when ``config.json`` has none — as vLLM reads it."""
 
 
 @hookimpl(trylast=True)
 def loader_read_config(source: Source, weight_format: WeightFormat) -> Mapping[str, Any] | None:
+    config = _read_side_json(source, "config.json")
+    if config is None or "quantization_config" in config:
+        return config
+    modelopt = _read_side_json(source, MODELOPT_CONFIG)
+    if modelopt is None:
+        return config
+    return {**config, "quantization_config": {"quant_method": "modelopt", **modelopt}}
+
+
+def _read_side_json(source: Source, name: str) -> Mapping[str, Any] | None:
+    """The JSON object of side file ``name`` (local folder or remote source), or ``None`` if there is none."""
     folder = source.directory
     if folder is None:
-        data = read_source_file(source, "config.json")
-        return None if data is None else read_json_object(data, "config.json", source.file_uri("config.json"))
-    path = side_file(folder, "config.json")
-    if path is None:
-        return None
-    return read_json_object(path, "config.json")
-
+        data = read_source_file(source, name)
+        return None if data is None else read_json_object(data, name, source.file_uri(name))
+    path = side_file(folder, name)
+    return None if path is None else read_json_object(path, name)
 
 
 @hookimpl(trylast=True)
