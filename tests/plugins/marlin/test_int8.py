@@ -100,20 +100,23 @@ def test_w8a16_pack_quantized_groups_of_32_record_the_int8_planes(tmp_path):
 
 
 @pytest.mark.parametrize("sym", [True, False])
-@pytest.mark.parametrize("group", [32, 64])
-def test_the_int8_planes_multiply_as_the_dequantized_weight(sym, group):
+@pytest.mark.parametrize(("group", "kernel"), [(32, "int8planes"), (64, "int8groups"), (128, "int8groups"),
+                                               (16, "int8groups")])
+def test_the_grouped_int8_kernels_multiply_as_the_dequantized_weight(sym, group, kernel):
+    """Groups of 32 as int4 planes, larger ones (and sizes the planes cannot take) one int8 call per group."""
     generator = torch.Generator().manual_seed(group)
-    k, n = 128, 64
+    k, n = 256, 64
     codes = torch.randint(0, 256, (k, n), dtype=torch.uint8, generator=generator)
     scales = torch.rand(k // group, n, generator=generator) / 50
     zeros = torch.full(scales.shape, 128, dtype=torch.int32) if sym else \
         torch.randint(100, 156, scales.shape, dtype=torch.int32, generator=generator)
     weight = QuantizedWeight(codes, scales, zeros, default_g_idx(k, group), 8, group)
-    kernel = choose_kernel(weight, "auto", torch.bfloat16)
-    x = torch.randn(3, k, generator=generator).to(torch.bfloat16)
+    chosen = choose_kernel(weight, "auto", torch.bfloat16)
+    x = torch.randn(2, 3, k, generator=generator).to(torch.bfloat16)
     expected = x.float() @ weight.dequantize().t()
-    assert kernel.choice == KernelChoice("int8planes")
-    assert relative_error(kernel.matmul(x).float(), expected) <= 1e-2
+    assert chosen.choice == KernelChoice(kernel)
+    assert relative_error(chosen.matmul(x).float(), expected) <= 1e-2
+    assert choose_kernel(weight, "auto", torch.float32).choice.kernel == "dequantize"
 
 
 def test_auto_chooses_by_device_and_dtype():
@@ -191,10 +194,12 @@ def test_static_input_scales_of_fused_parts_unite_their_ranges():
     (int8_scheme("channel"), "float32", None),
     (int8_scheme("tensor", activations="tensor"), "bfloat16", None),
     (int8_scheme("group", activations=None), "bfloat16", None),
+    (int8_scheme("group", group_size=64, activations=None), "bfloat16", None),
     (int8_scheme("group", activations=None), "float32", {"kernel": "int8pack"}),
     (int8_scheme("group"), "bfloat16", {"kernel": "int8_mm"}),
     (int8_scheme("channel"), "float32", {"kernel": "dequantize"}),
-], ids=["channel-f32", "tensor-bf16", "group-bf16", "group-f32-int8pack", "group-int8-mm", "dequantize"])
+], ids=["channel-f32", "tensor-bf16", "group-bf16", "group64-bf16", "group-f32-int8pack", "group-int8-mm",
+                              "dequantize"])
 def test_the_plan_from_shapes_is_the_choice_made_at_load(tmp_path, scheme, dtype, options):
     path, _ = save_int8_checkpoint("qwen2", tmp_path / "m", scheme, **SIZES)
     planned = plan_layers(str(path), dtype=dtype, quantization=METHOD, quantization_options=options,

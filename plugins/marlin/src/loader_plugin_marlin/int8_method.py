@@ -28,8 +28,9 @@ from loader.kernels import KernelChoice, KernelOption, choose_kernel, int8_unsup
 from loader.layers import LinearMethodBase, LinearShape, ParamLayout, set_param_layout
 from loader.models import current_session
 
+from .grouped_int8_kernels import grouped_int8_kernel
 from .int8_kernels import choose_int8_kernel, plan_int8_kernel
-from .kernels import FALLBACK, LayerKernel, int8_planes_reason
+from .kernels import FALLBACK, LayerKernel
 from .layer_kernels import register_kernel_buffers, with_layer_buffers
 from .quantized_weight import QuantizedWeight, default_g_idx
 
@@ -201,11 +202,11 @@ class Int8LinearMethod(LinearMethodBase):
         state = self.layer_state(layer, Int8LayerState)
         scheme = self.config.scheme
         packed = KernelChoice("int8pack")
-        if scheme.group_size != -1:  # the marlin chooser's answer: the planes, else the int8 kernel's reason
+        if scheme.group_size != -1:  # the marlin chooser's answer: a grouped kernel, else the int8 kernel's reason
             groups = int8_unsupported_reason(state.rows // scheme.group_size)
-            planes = int8_planes_reason(state.cols, state.rows, scheme.group_size, False, state.params_dtype)
+            grouped = grouped_int8_kernel(state.cols, state.rows, scheme.group_size, False, state.params_dtype)
             if groups is not None:
-                packed = KernelChoice("int8planes") if planes is None else \
+                packed = KernelChoice(grouped) if grouped is not None else \
                     choose_kernel([KernelOption("int8pack", groups)], FALLBACK)
         return plan_int8_kernel(scheme.activations, symmetric=scheme.symmetric, group_size=scheme.group_size,
                                 k=state.rows, n=state.cols, requested=self.config.kernel, dtype=state.params_dtype,

@@ -15,16 +15,10 @@ Where none does (a rank's share of act-order rows under tensor parallelism,
 groups of 16), each group is padded to whole kernel groups of 32 with rows
 that read an appended zero input, at the cost of the padding's extra columns.
 
-Grouped 8-bit weights (W8A16 with groups) take the core's int8 planes
-(:class:`Int8PlanesKernel`: the codes as two int4 planes, each group's scale
-repeated over its 32-row blocks, an asymmetric zero point added as the block's
-input sum times ``(128 - zero) * scale``) on bfloat16/float16 loads. Measured
-(``benchmarks/bench_int8_kernels.py --group 32``, K=2048, N=8192, 2 threads,
-fresh processes, medians, M=1 / M=128 ms): planes 8.0 / 61, one
-``_weight_int8pack_mm`` per group summed 3.2 / 163, bfloat16 weight dequantized
-once 7.5 / 24 (twice the memory), dequantize per call (the fallback) 218 / 168.
-The planes keep one byte per weight and beat the fallback 27x / 2.7x; float32
-loads keep the exact fallback, since the planes round activations to bfloat16.
+Grouped 8-bit weights (W8A16 with groups) take one of the grouped int8 kernels
+on bfloat16/float16 loads (:mod:`~loader_plugin_marlin.grouped_int8_kernels`:
+one int8 call per group, or two int4 planes, chosen by group size as measured
+there); float32 loads keep the exact fallback.
 
 The kernels themselves and the choice between them are the core's
 (:mod:`loader.kernels`): this module states which kernel a layer could take
@@ -43,30 +37,26 @@ from loader.kernels import (
     KERNEL_GROUP_SIZES,
     Int4CpuWeight,
     Int8CpuWeight,
-    Int8GroupedWeight,
     KernelChoice,
     KernelOption,
     int4_unsupported_reason,
-    int8_grouped_unsupported_reason,
     int8_unsupported_reason,
     pack_int4,
     pack_int8,
-    pack_int8_grouped,
 )
 from loader.kernels import choose_kernel as choose_from
 from loader.models import current_session
 
+from .grouped_int8_kernels import Int8GroupsKernel, Int8PlanesKernel, grouped_int8_kernel, pack_grouped_int8
 from .layer_geometry import LayerGeometry
 from .marlin_cuda import marlin_cuda_unavailable_reason, marlin_kernel
 from .marlin_layout import marlin_shape_reason, marlin_unsupported_reason, repack
 from .quantized_weight import QuantizedWeight, default_g_idx
 
-__all__ = ["FALLBACK", "PLANES_GROUP", "DequantizeKernel", "Int4Kernel", "Int8Kernel", "Int8PlanesKernel",
-           "LayerKernel", "choose_kernel", "int8_planes_reason", "kernel_group", "plan_kernel", "wanted_kernel"]
+__all__ = ["FALLBACK", "DequantizeKernel", "Int4Kernel", "Int8Kernel", "LayerKernel", "choose_kernel", "kernel_group",
+           "plan_kernel", "wanted_kernel"]
 
 FALLBACK = "dequantize"
-PLANES_GROUP = 32
-"""Input rows per scale of the int8 planes (the core's int4 kernel group)."""
 _REQUESTED_FALLBACK = KernelChoice(FALLBACK, "quantization_options kernel='dequantize'")
 
 
@@ -120,57 +110,6 @@ class Int8Kernel:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         return self.packed.matmul(x)
-
-
-@attrs.frozen(eq=False)
-class Int8PlanesKernel:
-    """A grouped 8-bit weight as the core's two int4 planes (a scale per 32 input rows, group scales repeated).
-
-    :ivar offsets: ``[K / 32, N]`` float32 ``(128 - zero) * scale`` of each 32-row block, added as the block's
-        input sum times it (asymmetric weights), or ``None`` when every zero point is 128.
-    """
-
-    planes: Int4CpuWeight
-    out_features: int
-    offsets: torch.Tensor | None
-    choice: KernelChoice
-
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        weight = Int8GroupedWeight(self.planes, self.out_features)  # a view: the layer's buffers are the planes'
-        out = weight.matmul(x.to(weight.kernel_dtype))
-        if self.offsets is not None:
-            sums = x.to(torch.float32).unflatten(-1, (-1, PLANES_GROUP)).sum(-1)
-            out = out + sums @ self.offsets
-        return out.to(x.dtype)
-
-
-def int8_planes_reason(out_features: int, in_features: int, group_size: int, act_order: bool,
-                       dtype: torch.dtype) -> str | None:
-    """Why a grouped 8-bit weight cannot run as int4 planes (:class:`Int8PlanesKernel`), or ``None``.
-
-    The planes compute in bfloat16 or float16; a float32 load keeps its float32 reference instead of rounding
-    every activation to 8 significant bits."""
-    if dtype not in (torch.bfloat16, torch.float16):
-        return f"the int8 planes compute in bfloat16 or float16, not {dtype}"
-    if act_order:
-        return "8-bit act-order groups: the int8 planes take groups of consecutive rows"
-    if group_size % PLANES_GROUP or in_features % group_size:
-        return (f"8-bit groups of {group_size} over {in_features} rows: the int8 planes take groups that are "
-                f"whole multiples of {PLANES_GROUP} rows")
-    return int8_grouped_unsupported_reason(out_features, in_features)
-
-
-def _int8_planes(weight: QuantizedWeight, dtype: torch.dtype) -> Int8PlanesKernel | str:
-    """Grouped 8-bit codes as two int4 planes: exact codes, each scale repeated over its 32-row blocks."""
-    reason = int8_planes_reason(weight.out_features, weight.in_features, weight.group_size, weight.act_order, dtype)
-    if reason is not None:
-        return reason
-    blocks = weight.g_idx[::PLANES_GROUP].long()
-    scales = weight.scales[blocks].to(torch.float32)
-    signed = (weight.codes.t().to(torch.int16) - 128).to(torch.int8)
-    planes = pack_int8_grouped(signed.reshape(weight.out_features, -1, PLANES_GROUP), scales, dtype)
-    offsets = None if weight.is_symmetric() else (128 - weight.zeros[blocks].to(torch.float32)) * scales
-    return Int8PlanesKernel(planes.planes, weight.out_features, offsets, KernelChoice("int8planes"))
 
 
 def kernel_group(sorted_g_idx: torch.Tensor) -> int | None:
@@ -228,14 +167,14 @@ def _int4(weight: QuantizedWeight, dtype: torch.dtype) -> Int4Kernel | str:
 
 
 
-def _int8(weight: QuantizedWeight, dtype: torch.dtype) -> Int8Kernel | Int8PlanesKernel | str:
-    """The int8 kernel for a channelwise weight; grouped ones take the int8 planes when they can (else the int8
-    kernel's reason stands: the layer falls back)."""
+def _int8(weight: QuantizedWeight, dtype: torch.dtype) -> Int8Kernel | Int8PlanesKernel | Int8GroupsKernel | str:
+    """The int8 kernel for a channelwise weight; a grouped one takes a grouped kernel when one fits (else the
+    int8 kernel's reason stands: the layer falls back)."""
     used = torch.unique(weight.g_idx)
     reason = int8_unsupported_reason(int(used.numel()))
     if reason is not None:
-        planes = _int8_planes(weight, dtype)
-        return planes if not isinstance(planes, str) else reason
+        grouped = pack_grouped_int8(weight, dtype)
+        return grouped if grouped is not None else reason
     group = int(used[0])
     return Int8Kernel(pack_int8(weight.codes.t(), weight.scales[group], weight.zeros[group], dtype),
                       KernelChoice("int8pack"))
@@ -280,9 +219,9 @@ def plan_kernel(geometry: LayerGeometry, *, bits: int, group_size: int, act_orde
         if bits == 8:
             groups = int(torch.unique(sorted_g_idx).numel()) if sorted_g_idx is not None else geometry.groups
             reason = int8_unsupported_reason(groups)
-            compute = dtype if dtype is not None else current_session().dtype
-            if reason is not None and int8_planes_reason(n, k, group_size, act_order, compute) is None:
-                return KernelChoice("int8planes")
+            grouped = grouped_int8_kernel(n, k, group_size, act_order, dtype or current_session().dtype)
+            if reason is not None and grouped is not None:
+                return KernelChoice(grouped)
         else:
             size = kernel_group(sorted_g_idx) if sorted_g_idx is not None else None
             rows = k if size is not None else -(-k // KERNEL_GROUP_SIZES[0]) * KERNEL_GROUP_SIZES[0]
