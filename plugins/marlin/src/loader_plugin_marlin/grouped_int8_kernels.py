@@ -11,9 +11,12 @@ another form. Two keep one byte per weight and the exact codes:
 Which is faster depends on the group size. Measured (``benchmarks/bench_int8_kernels.py --group G``, K=2048,
 N=8192, OMP_NUM_THREADS=2, a fresh process per kernel, five interleaved rounds, medians, M=1 / M=128 ms):
 group 128: groups 1.2 / 48, planes 2.7 / 61, the bfloat16 weight dequantized once 2.4 / 11 (two bytes per
-weight), dequantize per call (the old fallback) 113 / 300. Group 32 (three rounds): groups 3.2 / 163, planes
-8.0 / 61, dequantized once 7.5 / 24, per call 218 / 168. So groups of :data:`GROUPS_MIN_ROWS` rows or more
-(and any size the planes cannot take) run as ``int8groups``, smaller multiples of 32 as ``int8planes``.
+weight), dequantize per call (the old fallback) 113 / 300. Group 32: groups 4.3 / 535, planes 1.5 / 111,
+dequantized once 3.2 / 24, per call 170 / 250 (absolute times drift with the shared machine's load; the
+rounds are interleaved so each comparison sees the same load). Group 64: groups 2.2 / 296, planes 8.0 / 132 —
+a 128-token prompt and 128 generated tokens cost 578 ms one way and 1156 the other. So groups of
+:data:`GROUPS_MIN_ROWS` rows or more (and any size the planes cannot take) run as ``int8groups``, groups of 32 as
+``int8planes``.
 
 Asymmetric weights: ``(code - zero) * scale = (code - 128) * scale + (128 - zero) * scale``; the second term
 is added as each group's input sum times it. Both compute in bfloat16 or float16: a float32 load keeps its
@@ -42,7 +45,8 @@ __all__ = ["GROUPS_MIN_ROWS", "PLANES_GROUP", "Int8GroupsKernel", "Int8PlanesKer
 PLANES_GROUP = 32
 """Input rows per scale of the int8 planes (the core's int4 kernel group)."""
 GROUPS_MIN_ROWS = 64
-"""From this group size on, one int8 call per group beats the planes (measured at 32 and 128)."""
+"""From this group size on, one int8 call per group beats the planes over a prompt and its generation (measured
+at 32, 64 and 128)."""
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 
 
