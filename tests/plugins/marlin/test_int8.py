@@ -2,9 +2,9 @@
 
 The config is built from one ``config_groups`` entry by :func:`int8_scheme_from_ct` and handed to the load by
 an in-process plugin (the compressed-tensors dispatcher that will call it is written separately), so every
-layer of the tiny models is an int8 layer of that group. References: the ``transformers`` model holding the
-dequantized weights (``run_compressed=False``: activations in full precision), and for the ``int8_mm`` kernel
-the same model with its linears' inputs fake-quantized as compressed-tensors' forward does.
+layer of the tiny models is an int8 layer of that group. Reference: the ``transformers`` model holding the
+dequantized weights, for W8A8 schemes with its linears' inputs fake-quantized as compressed-tensors' forward
+does (what llm-compressor evaluates and transformers 5.17 computes; every kernel takes the rounded input).
 """
 
 from __future__ import annotations
@@ -50,13 +50,20 @@ CASES = {
 }
 
 
+def _expected(reference, scheme, ids):
+    """The reference's logits, its linears' inputs rounded as compressed-tensors' forward rounds W8A8 ones."""
+    if scheme["input_activations"] is not None:
+        reference = fake_quantize_inputs(reference, scheme["input_activations"])
+    return reference_logits(reference, ids)
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_float32_logits_match_the_dequantized_reference(tmp_path, case):
     family, scheme = CASES[case]
     path, reference = save_int8_checkpoint(family, tmp_path / case, scheme, **SIZES)
     model, report = _load(path)
     ids = random_ids(reference.config.vocab_size)
-    assert relative_error(_logits(model, ids), reference_logits(reference, ids)) <= 1e-3
+    assert relative_error(_logits(model, ids), _expected(reference, scheme, ids)) <= 1e-3
     layers = report.quantization["layers"]
     assert layers["model.layers.0.self_attn.qkv_proj"] == {"kernel": "dequantized", "reason": None}
     assert set(report.quantization["kernels"]) == {"dequantized"}
@@ -215,5 +222,16 @@ def test_int_quantized_checkpoints_load_through_the_compressed_tensors_config(tm
     path, reference = save_int8_checkpoint(family, tmp_path / case, scheme, **SIZES)
     model, report = loader.load_model_with_report(str(path), dtype="float32")
     ids = random_ids(reference.config.vocab_size)
-    assert relative_error(_logits(model, ids), reference_logits(reference, ids)) <= 1e-3
+    assert relative_error(_logits(model, ids), _expected(reference, scheme, ids)) <= 1e-3
     assert report.quantization["kernels"] == {"dequantized": 8}
+
+
+def test_w8a8_inputs_are_rounded_as_the_producer_rounds_them(tmp_path):
+    """Without the input rounding, the weight-only result is measurably off the W8A8 reference."""
+    family, scheme = CASES["llama-channel-token"]
+    path, reference = save_int8_checkpoint(family, tmp_path / "m", scheme, **SIZES)
+    model, _ = _load(path)
+    ids = random_ids(reference.config.vocab_size)
+    weight_only = reference_logits(reference, ids)
+    assert relative_error(_logits(model, ids), weight_only) > 2e-3
+    assert relative_error(_logits(model, ids), _expected(reference, scheme, ids)) <= 1e-5

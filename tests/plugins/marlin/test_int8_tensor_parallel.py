@@ -31,8 +31,10 @@ CASES = {
     "qwen2-tensor-asym-static-asym": ("qwen2", int8_scheme("tensor", symmetric=False, activations="tensor",
                                                            activation_symmetric=False), None, "dequantized"),
     "llama-group32-weight-only": ("llama", int8_scheme("group", activations=None), None, "dequantized"),
-    # dynamic per-token scales: a row-parallel rank quantizes its own input columns (as vLLM does), finer than the
-    # single-process reference's scale over every column, so this case is compared within 2e-2
+    # dynamic per-token scales: the int8_mm kernel's row-parallel rank quantizes its own input columns (as vLLM
+    # does), finer than the single-process reference's scale over every column, so it is compared within 2e-2;
+    # the rounded-input path gathers each row's extremes over the ranks, and is compared within 1e-2 only because
+    # tp=2's all-reduced sums differ from tp=1's in the last bits and a rounding to the int8 grid can flip a code
     "qwen2-channel-token-int8-mm": ("qwen2", int8_scheme("channel"), {"kernel": "int8_mm"}, "int8_mm"),
     "llama-tensor-static-int8-mm": ("llama", int8_scheme("tensor", activations="tensor"), {"kernel": "int8_mm"},
                                     "int8_mm"),
@@ -45,7 +47,7 @@ def tp_run(tmp_path_factory):
     references, cases = {}, {}
     for name, (family, scheme, options, _) in CASES.items():
         path, reference = save_int8_checkpoint(family, root / name, scheme, **ALIGNED)
-        if options is not None:
+        if scheme["input_activations"] is not None:
             reference = fake_quantize_inputs(reference, scheme["input_activations"])
         references[name] = reference
         cases[name] = {"path": str(path), "options": options}
@@ -73,4 +75,5 @@ def test_each_rank_s_logits_match_the_reference_at_tp2(tp_run, case):
         assert ranks[rank][case].get("tp_size") == RANKS, ranks[rank][case]
         assert set(ranks[rank][case]["kernels"]) == {kernel}
         logits = torch.load(out / f"{case}-rank{rank}.pt")
-        assert relative_error(logits, expected) <= (2e-2 if case == "qwen2-channel-token-int8-mm" else 1e-3)
+        tolerance = {"qwen2-channel-token-int8-mm": 2e-2, "llama-channel-token": 1e-2}.get(case, 1e-3)
+        assert relative_error(logits, expected) <= tolerance

@@ -1,12 +1,13 @@
 """The kernels of compressed-tensors int8 layers (W8A8, W8A16), chosen per layer and device.
 
-What the reference computes: ``transformers`` with ``run_compressed=False`` (5.x: ``dequantize=True``) turns
-every int8 weight into ``(weight - zero_point) * scale`` at load and runs a plain dense model — it never
-calls compressed-tensors' wrapped forward, so **activations are not quantized** and the stored ``input_scale``
-tensors are unused (``tests/plugins/marlin/test_compressed_tensors_library.py`` loads the test checkpoints
-with transformers 5.24 and compressed-tensors 0.20.1 and gets the dequantized model's logits). On the CPU,
-``auto`` therefore keeps activations in floating point (weight-only math), which matches that reference to
-rounding:
+What the reference computes: the checkpoint's producer (llm-compressor 0.14, whose model before saving is the
+one it evaluated) and ``transformers`` 5.17 with ``dequantize=True`` (the transformers llm-compressor 0.14
+runs with) both run compressed-tensors' wrapped forward, which **quantizes each W8A8 layer's input** (per
+token, or with the stored ``input_scale``) and multiplies the rounded input by the dequantized weight; without
+that rounding a tiny Llama's logits move by 1.4 % and SmolLM2's top-1 agrees on 86 % of chat positions only.
+(transformers 5.24 with compressed-tensors 0.20 drops the wrapped forward and computes weight-only.) Every CPU
+kernel below therefore takes the input rounded the same way (:func:`round_input`; a fused layer whose parts
+have different static input scales rounds once per part); ``int8_mm`` quantizes it itself. The weight side:
 
 * float32 loads: the weight dequantized once (``dequantized``). Measured on a 2-core AVX-512-VNNI Xeon
   (no AMX; ``benchmarks/bench_int8_kernels.py``: OMP_NUM_THREADS=2, a fresh process per kernel, five
@@ -36,6 +37,7 @@ import attrs
 import torch
 
 from loader.kernels import KernelChoice, KernelOption, choose_kernel
+from loader.models import all_gather
 
 from .int8_scheme import Int8Activations
 from .kernels import FALLBACK, DequantizeKernel, LayerKernel
@@ -43,7 +45,7 @@ from .kernels import choose_kernel as choose_packed
 from .quantized_weight import QuantizedWeight
 
 __all__ = ["DequantizedKernel", "Int8MatmulKernel", "choose_int8_kernel", "int8_mm_reason", "plan_int8_kernel",
-           "wanted_int8_kernel"]
+           "quantize_input", "round_input", "wanted_int8_kernel"]
 
 _CUDA_MIN_ROWS = 17
 
@@ -78,26 +80,9 @@ class Int8MatmulKernel:
     symmetric_input: bool
     choice: KernelChoice
 
-    def _quantized_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(codes, scale, zero point)`` of ``x [M, K]`` float32, scales ``[M, 1]`` or ``[1]``."""
-        if self.input_scale.numel():
-            scale, zero = self.input_scale, self.input_zero_point
-        elif self.symmetric_input:
-            scale = x.abs().amax(-1, keepdim=True) / 127.5
-            scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-            zero = torch.zeros_like(scale)
-        else:
-            low = x.amin(-1, keepdim=True).clamp(max=0)
-            high = x.amax(-1, keepdim=True).clamp(min=0)
-            scale = (high - low) / 255
-            scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-            zero = torch.round(-128 - low / scale).clamp(-128, 127)
-        codes = torch.round(x / scale + zero).clamp(-128, 127).to(torch.int8)
-        return codes, scale, zero
-
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.codes.shape[1]).to(torch.float32)
-        codes, scale, zero = self._quantized_input(flat)
+        codes, scale, zero = quantize_input(flat, self.input_scale, self.input_zero_point, self.symmetric_input)
         rows = codes.shape[0]
         if codes.device.type == "cuda" and rows < _CUDA_MIN_ROWS:
             codes = torch.nn.functional.pad(codes, (0, 0, 0, _CUDA_MIN_ROWS - rows))
@@ -107,6 +92,46 @@ class Int8MatmulKernel:
         else:
             out = (products - zero * self.row_sums.to(torch.float32)) * scale * self.scales
         return out.to(x.dtype).reshape(*x.shape[:-1], -1)
+
+
+def _row_extremes(x: torch.Tensor, split_input: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's ``(min, max)``, over every rank's columns when a row-parallel layer splits them."""
+    low, high = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
+    if split_input:
+        low = all_gather(low, dim=-1).amin(-1, keepdim=True)
+        high = all_gather(high, dim=-1).amax(-1, keepdim=True)
+    return low, high
+
+
+def quantize_input(x: torch.Tensor, static_scale: torch.Tensor, static_zero: torch.Tensor,
+                   symmetric: bool, split_input: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(int8 codes, scale, zero point)`` of ``x [..., K]`` (float32) as compressed-tensors quantizes a layer's
+    input: the stored per-tensor scale and zero point (``static_scale`` non-empty), else per token — symmetric
+    ``amax / 127.5``, asymmetric ``(max - min) / 255`` with 0 representable. ``split_input``: the layer is
+    row-parallel, so each row's extremes are gathered over the ranks (every rank uses the whole row's scale)."""
+    if static_scale.numel():
+        scale, zero = static_scale, static_zero
+    elif symmetric:
+        low, high = _row_extremes(x, split_input)
+        scale = torch.maximum(-low, high) / 127.5
+        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+        zero = torch.zeros_like(scale)
+    else:
+        low, high = _row_extremes(x, split_input)
+        low, high = low.clamp(max=0), high.clamp(min=0)
+        scale = (high - low) / 255
+        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+        zero = torch.round(-128 - low / scale).clamp(-128, 127)
+    codes = torch.round(torch.clamp(x / scale + zero, -128, 127)).to(torch.int8)
+    return codes, scale, zero
+
+
+def round_input(x: torch.Tensor, static_scale: torch.Tensor, static_zero: torch.Tensor,
+                symmetric: bool, split_input: bool = False) -> torch.Tensor:
+    """``x`` rounded to the int8 grid its layer's activations are quantized to, back in ``x``'s dtype: what
+    compressed-tensors' forward multiplies a W8A8 layer's dequantized weight with."""
+    codes, scale, zero = quantize_input(x.to(torch.float32), static_scale, static_zero, symmetric, split_input)
+    return ((codes.to(torch.float32) - zero) * scale).to(x.dtype)
 
 
 def int8_mm_reason(activations: Int8Activations | None, symmetric: bool, group_size: int, k: int, n: int,

@@ -25,11 +25,11 @@ import torch
 
 from loader.errors import CheckpointFormatError, UnsupportedError
 from loader.kernels import KernelChoice, KernelOption, choose_kernel, int8_unsupported_reason
-from loader.layers import LinearMethodBase, LinearShape, ParamLayout, set_param_layout
+from loader.layers import LinearMethodBase, LinearShape, ParamLayout, RowParallelLinear, set_param_layout
 from loader.models import current_session
 
 from .grouped_int8_kernels import grouped_int8_kernel
-from .int8_kernels import choose_int8_kernel, plan_int8_kernel
+from .int8_kernels import Int8MatmulKernel, choose_int8_kernel, plan_int8_kernel, round_input
 from .kernels import FALLBACK, LayerKernel
 from .layer_kernels import register_kernel_buffers, with_layer_buffers
 from .quantized_weight import QuantizedWeight, default_g_idx
@@ -58,6 +58,40 @@ class Int8LayerState:
     params_dtype: torch.dtype
     per_tensor: dict[str, dict[object, float]] = attrs.field(factory=dict)
     kernel: LayerKernel | None = None
+    input_rounding: InputRounding | None = None
+
+
+@attrs.frozen
+class InputRounding:
+    """How a W8A8 layer's input is rounded before a kernel that does not quantize it itself.
+
+    :ivar symmetric: dynamic activations' symmetry (static ones carry their zero points).
+    :ivar static: per part ``(rows, scale, zero point)`` of static activations; empty for dynamic ones.
+    :ivar split_input: the layer is row-parallel over several ranks (dynamic scales are gathered).
+    """
+
+    symmetric: bool
+    static: tuple[tuple[int, float, float], ...] = ()
+    split_input: bool = False
+
+    def apply(self, kernel: LayerKernel, x: torch.Tensor) -> torch.Tensor:
+        """``kernel`` on the rounded input; parts with different static scales each on their own rounding."""
+        if not self.static:
+            return kernel.matmul(round_input(x, _EMPTY, _EMPTY, self.symmetric, self.split_input))
+        distinct = {(scale, zero) for _, scale, zero in self.static}
+        outs: dict[tuple[float, float], torch.Tensor] = {
+            key: kernel.matmul(round_input(x, torch.tensor([key[0]]), torch.tensor([key[1]]), self.symmetric))
+            for key in distinct}
+        if len(outs) == 1:
+            return next(iter(outs.values()))
+        pieces, start = [], 0
+        for rows, scale, zero in self.static:
+            pieces.append(outs[scale, zero].narrow(-1, start, rows))
+            start += rows
+        return torch.cat(pieces, dim=-1)
+
+
+_EMPTY = torch.empty(0)
 
 
 @attrs.frozen
@@ -195,7 +229,21 @@ class Int8LinearMethod(LinearMethodBase):
                 delattr(layer, name)
         register_kernel_buffers(layer, kernel)
         state.kernel = kernel
+        state.input_rounding = self._input_rounding(layer, state, kernel)
         self.config.kernel_log[state.prefix] = kernel.choice
+
+    def _input_rounding(self, layer: nn.Module, state: Int8LayerState, kernel: LayerKernel) -> InputRounding | None:
+        """The input rounding a W8A8 layer's kernel needs (``None``: weight-only, or ``int8_mm`` does it)."""
+        acts = self.config.scheme.activations
+        if acts is None or isinstance(kernel, Int8MatmulKernel):
+            return None
+        if acts.dynamic:
+            split = isinstance(layer, RowParallelLinear) and layer.tp_size > 1
+            return InputRounding(acts.symmetric, split_input=split)
+        scales = self._part_values(state, "input_scale")
+        zeros = self._part_values(state, "input_zero_point") if not acts.symmetric else [0.0] * len(scales)
+        return InputRounding(acts.symmetric, tuple((rows, scale, zero) for (_, _, rows), scale, zero
+                                                   in zip(state.parts, scales, zeros, strict=True)))
 
     def layer_plan(self, layer: nn.Module) -> KernelChoice | None:
         """The kernel this layer will get on the load's device, from its shapes (``loader inspect --layers``)."""
@@ -221,5 +269,7 @@ class Int8LinearMethod(LinearMethodBase):
         return state.kernel
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        out = self.kernel(layer).matmul(x)
+        rounding = self.layer_state(layer, Int8LayerState).input_rounding
+        kernel = self.kernel(layer)
+        out = kernel.matmul(x) if rounding is None else rounding.apply(kernel, x)
         return out if bias is None else out + bias.to(out.dtype)
