@@ -233,6 +233,10 @@ class CompressedTensorsConfig(QuantizationConfig):
             for kernel, count in dict(described.get("kernels") or {}).items():
                 kernels[kernel] = kernels.get(kernel, 0) + count
             layers.update(dict(described.get("layers") or {}))
+        for prefix, record in layers.items():  # as `loader inspect --layers` shows them
+            scheme = self.layer_scheme(prefix)
+            if scheme is not None and isinstance(record, dict):
+                layers[prefix] = {**record, "scheme": scheme}
         kv = None
         if self.kv_cache_scheme is not None:
             kv = {"scheme": dict(self.kv_cache_scheme), "scales": len(self.kv_scales),
