@@ -129,7 +129,10 @@ def _ct(**weights):
 @pytest.mark.parametrize(("declared", "error", "message"), [
     (_ct(num_bits=2), UnsupportedError, "num_bits 2 is not supported; integer weights load with 4 or 8 bits"),
     (_ct(type="float"), UnsupportedError, "type 'float' is not supported; only 'int'"),
-    (_ct(strategy="tensor"), UnsupportedError, "strategy 'tensor' is not supported"),
+    (_ct(strategy="tensor", symmetric=False), UnsupportedError,
+     "strategy 'tensor' with asymmetric weights is not supported; only symmetric"),
+    (_ct(strategy="block"), UnsupportedError,
+     "strategy 'block' is not supported; expected 'group', 'channel' or 'tensor'"),
     (_ct(group_size=None), ConfigError, "strategy 'group' needs a positive group_size, found None"),
     (_ct(actorder="dynamic"), UnsupportedError, "actorder 'dynamic' is not supported"),
     ({**_ct(), "format": "marlin-24"}, UnsupportedError,

@@ -21,8 +21,8 @@ from loader._pipeline.plan import plan_layers
 from loader.errors import CheckpointFormatError, ConfigError, UnsupportedError
 from loader.layers import UnquantizedLinearMethod
 from loader_plugin_marlin.compressed_tensors_config import ct_config_from_checkpoint
-from tests.helpers.compressed_tensors_checkpoints import ct_group, pack_compressed_tensors
-from tests.helpers.gptq_checkpoints import LINEARS, input_seed, save_packed_checkpoint
+from tests.helpers.compressed_tensors_checkpoints import ct_group, ct_tensors, pack_compressed_tensors
+from tests.helpers.gptq_checkpoints import LINEARS, dequantize, input_seed, quantize_with, save_packed_checkpoint
 from tests.helpers.hf_checkpoints import build_model, reference_logits, relative_error
 from tests.helpers.model_checks import random_ids
 
@@ -211,3 +211,25 @@ def test_inspect_plans_each_layer_with_its_group_without_loading(tmp_path) -> No
         "kernel": "int8pack", "reason": None, "scheme": "attention: pack-quantized w8 int channel"}
     assert plan["layers"]["model.layers.1.mlp.down_proj"]["scheme"] == "mlp: pack-quantized w4 int group 32 asym"
     assert plan["quantization"]["groups"]["mlp"]["targets"] == [MLP]
+
+
+def test_strategy_tensor_gives_each_part_of_a_fused_layer_its_own_scale(tmp_path) -> None:
+    """W4A16 ``strategy: tensor``: one ``[1]`` scale per checkpoint module; q, k and v keep theirs."""
+    group = ct_group(4, -1, sym=True)
+    group["weights"]["strategy"] = "tensor"
+
+    def pack(weight: torch.Tensor, module: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        n, k = weight.shape
+        scale = (weight.abs().max() / 7).to(torch.float16)
+        q = quantize_with(weight, scale.expand(1, n).clone(), torch.full((1, n), 8, dtype=torch.int32),
+                          torch.zeros(k, dtype=torch.int32), 4)
+        tensors = ct_tensors(q, sym=True)
+        tensors["weight_scale"] = scale.float().reshape(1)
+        return tensors, dequantize(q)
+
+    path, reference = save_packed_checkpoint("llama", tmp_path, _config({"group_0": group}, ["lm_head"]), pack)
+    model, report = loader.load_model_with_report(str(path), dtype="float32")
+    assert _error(model, reference) <= 1e-3
+    assert report.quantization["layers"]["model.layers.0.self_attn.qkv_proj"]["kernel"] == "int4pack"
+    scales = {name: t for name, t in load_file(path / "model.safetensors").items() if name.endswith("_scale")}
+    assert len({float(scales[f"model.layers.0.self_attn.{p}_proj.weight_scale"]) for p in "qkv"}) == 3

@@ -50,9 +50,15 @@ _WHERE = "config.json quantization_config"
 @attrs.frozen
 class PackQuantizedConfig(PackedQuantConfig):
     """One compressed-tensors ``pack-quantized`` group (the checkpoint's groups and ``ignore`` list are
-    :class:`~loader_plugin_marlin.compressed_tensors_config.CompressedTensorsConfig`'s)."""
+    :class:`~loader_plugin_marlin.compressed_tensors_config.CompressedTensorsConfig`'s).
+
+    :ivar per_tensor: ``strategy: tensor``: one scale per checkpoint module (a ``[1]`` ``weight_scale``; each
+        part of a fused layer has its own), symmetric.
+    """
 
     name: ClassVar[str] = METHOD_NAME
+
+    per_tensor: bool = False
 
     @property
     def layout(self) -> CompressedTensorsLayout:
@@ -74,7 +80,9 @@ class CompressedTensorsLayout:
         specs = [
             ParamSpec("weight_packed", (cols, rows // pack), torch.int32, output_dim=0, input_dim=1, packed_dim=1,
                       pack_factor=pack),
-            ParamSpec("weight_scale", (cols, groups), torch.float32, output_dim=0, input_dim=scale_dim),
+            ParamSpec("weight_scale", (cols, groups), torch.float32, output_dim=0, input_dim=scale_dim)
+            if not cfg.per_tensor else ParamSpec("weight_scale", (len(geometry.parts),), torch.float32,
+                                                 kind="part_scalar"),
             ParamSpec("weight_shape", (2,), torch.int64, kind="shape"),
         ]
         if not cfg.sym:
@@ -87,7 +95,11 @@ class CompressedTensorsLayout:
     def to_quantized(self, tensors: Mapping[str, torch.Tensor], geometry: LayerGeometry) -> QuantizedWeight:
         cfg = self.config
         codes = unpack_int32(tensors["weight_packed"], cfg.bits, 1).t().contiguous()
-        scales = tensors["weight_scale"].to(torch.float32).t().contiguous()
+        if cfg.per_tensor:  # each part's one scale, for each of its rows on this rank
+            per_part = tensors["weight_scale"].to(torch.float32)
+            scales = torch.repeat_interleave(per_part, torch.tensor(geometry.parts)).reshape(1, -1)
+        else:
+            scales = tensors["weight_scale"].to(torch.float32).t().contiguous()
         if cfg.sym:
             zeros = torch.full(scales.shape, 1 << (cfg.bits - 1), dtype=torch.int32)
         else:
@@ -124,13 +136,16 @@ def group_settings(name: str, scheme: Mapping[str, Any]) -> tuple[int, int, bool
         raise UnsupportedError(f"{where}: type {weights.get('type')!r} is not supported; only 'int'")
     strategy = weights.get("strategy")
     group_size = -1
+    if strategy == "tensor" and not weights.get("symmetric", True):
+        raise UnsupportedError(f"{where}: strategy 'tensor' with asymmetric weights is not supported; only symmetric")
     if strategy == "group":
         declared_size = weights.get("group_size")
         if isinstance(declared_size, bool) or not isinstance(declared_size, int) or declared_size <= 0:
             raise ConfigError(f"{where}: strategy 'group' needs a positive group_size, found {declared_size!r}")
         group_size = declared_size
-    elif strategy != "channel":
-        raise UnsupportedError(f"{where}: strategy {strategy!r} is not supported; expected 'group' or 'channel'")
+    elif strategy not in ("channel", "tensor"):
+        raise UnsupportedError(f"{where}: strategy {strategy!r} is not supported; expected 'group', 'channel' or "
+                               "'tensor'")
     actorder = weights.get("actorder")
     if actorder not in (None, "group", "weight", "static"):
         raise UnsupportedError(f"{where}: actorder {actorder!r} is not supported")
@@ -150,5 +165,6 @@ def pack_quantized_scheme(name: str, scheme: Mapping[str, Any],
     (targets, ``ignore``), so this config quantizes whatever it is asked for, the output head included.
     """
     bits, group_size, act_order, sym = group_settings(name, scheme)
+    per_tensor = dict(scheme.get("weights") or {}).get("strategy") == "tensor"
     return PackQuantizedConfig(bits=bits, group_size=group_size, act_order=act_order, sym=sym,
-                               kernel=kernel_option(options, METHOD_NAME), lm_head=True)
+                               kernel=kernel_option(options, METHOD_NAME), lm_head=True, per_tensor=per_tensor)

@@ -44,7 +44,7 @@ from .layer_kernels import (
     register_kernel_buffers,
     with_layer_buffers,
 )
-from .param_specs import ParamSpec, land_shape_record, land_shared_g_idx
+from .param_specs import ParamSpec, land_part_scalar, land_shape_record, land_shared_g_idx
 from .quantized_weight import QuantizedWeight
 
 if TYPE_CHECKING:
@@ -101,10 +101,15 @@ class PackedLinearMethod(LinearMethodBase):
             weight_loader=shape.weight_loader))
 
     def _register_checkpoint_params(self, layer: LinearBase, specs: list[ParamSpec], weight_loader: WeightLoader,
-                                    device: torch.device | None) -> None:
+                                    device: torch.device | None, *, record: bool = False) -> None:
+        """One parameter per spec; ``record``: each write is recorded for an update (:meth:`_record_write`)."""
         for spec in specs:
             param = torch.nn.Parameter(torch.empty(spec.shape, dtype=spec.dtype, device=device), requires_grad=False)
-            set_param_layout(param, self._layout(layer, spec, weight_loader))
+            loader = functools.partial(land_part_scalar, layer.shard_ids()) if spec.kind == "part_scalar" \
+                else weight_loader  # one value per part, whole on every rank: no narrowing, no shape of rows
+            if record:
+                loader = functools.partial(self._record_write, layer, loader)
+            set_param_layout(param, self._layout(layer, spec, loader))
             layer.register_parameter(spec.name, param)
 
     def _layout(self, layer: LinearBase, spec: ParamSpec, weight_loader: WeightLoader) -> ParamLayout:
@@ -176,8 +181,8 @@ class PackedLinearMethod(LinearMethodBase):
             return
         device = next(layer.buffers()).device
         specs = [spec for spec in self.config.layout.params(state.geometry) if spec.name in state.names]
-        recording = functools.partial(self._record_write, layer, state.weight_loader)
-        self._register_checkpoint_params(cast("LinearBase", layer), specs, recording, device=device)
+        self._register_checkpoint_params(cast("LinearBase", layer), specs, state.weight_loader, device=device,
+                                         record=True)
         state.update = UpdateRecord()
 
     def _record_write(self, layer: nn.Module, weight_loader: WeightLoader, param: torch.Tensor, loaded: object,

@@ -17,7 +17,8 @@ float64 ``precision`` changes the result by ~1e-7 relative).
 Other online locations (``output``, the attention's ``q_attn``/``k_cache`` of
 SpinQuant R3), randomized permutations and other transform types are refused
 by name. A row-parallel layer split over ranks holds part of its input only; a
-rotation wider than that part is refused at tp > 1.
+rotation wider than that part gathers the whole input from the ranks first
+(one all-gather per layer and step) and keeps its own columns of the result.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from torch import nn
 
 from loader.errors import CheckpointFormatError, ConfigError, UnsupportedError
 from loader.layers import LinearBase, RowParallelLinear
+from loader.models import all_gather
 
 __all__ = ["OnlineTransform", "attach_online_transforms", "online_transforms", "transform_tensor_group"]
 
@@ -101,14 +103,20 @@ def transform_tensor_group(name: str, transforms: tuple[OnlineTransform, ...]) -
     return None
 
 
-def _input_rotation(matrix: torch.Tensor, inverse: bool) -> Callable[[nn.Module, tuple[Any, ...]], tuple[Any, ...]]:
+def _input_rotation(matrix: torch.Tensor, inverse: bool, shard: tuple[int, int] | None
+                    ) -> Callable[[nn.Module, tuple[Any, ...]], tuple[Any, ...]]:
+    """The forward pre-hook; ``shard``: ``(start, length)`` of this rank's input columns when the rotation spans
+    more than them (a row-parallel layer at tp > 1): the whole input is gathered, rotated and cut again."""
     rotation = (matrix.t() if inverse else matrix).to(torch.float32) / math.sqrt(matrix.shape[0])
     size = rotation.shape[0]
 
     def rotate(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
         x = args[0]
-        heads = x.shape[-1] // size
-        y = (x.to(torch.float32).unflatten(-1, (heads, size)) @ rotation.to(x.device)).flatten(-2, -1)
+        whole = all_gather(x, dim=-1) if shard is not None else x
+        heads = whole.shape[-1] // size
+        y = (whole.to(torch.float32).unflatten(-1, (heads, size)) @ rotation.to(x.device)).flatten(-2, -1)
+        if shard is not None:
+            y = y.narrow(-1, shard[0], shard[1])
         return (y.to(x.dtype), *args[1:])
 
     return rotate
@@ -146,9 +154,8 @@ def attach_online_transforms(model: nn.Module, transforms: tuple[OnlineTransform
             raise CheckpointFormatError(f"{_WHERE}: {prefix} is rotated by {transform.group!r}, but the checkpoint "
                                         f"has no {transform.group}_input.weight of size {size}")
         local = layer.input_size_per_partition
-        if isinstance(layer, RowParallelLinear) and layer.tp_size > 1 and local % size:
-            raise UnsupportedError(f"{_WHERE}: {prefix} holds {local} of its {layer.input_size} inputs on this "
-                                   f"rank, and its {transform.group!r} rotation spans {size}; load it at tp=1")
-        layer.register_forward_pre_hook(_input_rotation(by_size[transform.group, size], transform.inverse))
+        split = isinstance(layer, RowParallelLinear) and layer.tp_size > 1 and local % size != 0
+        shard = (layer.tp_rank * local, local) if split else None
+        layer.register_forward_pre_hook(_input_rotation(by_size[transform.group, size], transform.inverse, shard))
         rotated.append(prefix)
     return rotated

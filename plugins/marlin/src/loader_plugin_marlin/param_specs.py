@@ -11,7 +11,7 @@ tensors into the one internal representation.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import attrs
@@ -24,8 +24,9 @@ from .quantized_weight import QuantizedWeight
 
 if TYPE_CHECKING:
     from loader.layers import NarrowedPart
+    from loader.weights import CheckpointTensor
 
-__all__ = ["CheckpointLayout", "ParamSpec", "land_shape_record", "land_shared_g_idx"]
+__all__ = ["CheckpointLayout", "ParamSpec", "land_part_scalar", "land_shape_record", "land_shared_g_idx"]
 
 
 @attrs.frozen
@@ -33,8 +34,9 @@ class ParamSpec:
     """One checkpoint tensor of a layer, as a parameter on this rank.
 
     :ivar kind: ``copy`` (the narrowed rows are copied), ``g_idx`` (every fused
-        part must bring the same one) or ``shape`` (a per-part record of the
-        unpacked shape, checked against the layer and not kept).
+        part must bring the same one), ``shape`` (a per-part record of the
+        unpacked shape, checked against the layer and not kept) or
+        ``part_scalar`` (one value per part, kept at the part's index).
     """
 
     name: str
@@ -93,3 +95,15 @@ def land_shape_record(destination: torch.Tensor, part: NarrowedPart, expected: l
             f"{expected}"
         )
     destination.copy_(torch.tensor(expected, dtype=destination.dtype))
+
+
+def land_part_scalar(shard_ids: Sequence[object], param: torch.Tensor, loaded: CheckpointTensor,
+                     shard_id: object = None) -> None:
+    """The weight loader of a kind ``part_scalar`` parameter: part ``shard_id``'s one value (a per-tensor scale,
+    the same on every rank) at its index among the layer's ``shard_ids``; more than one value is refused."""
+    values = loaded.read(torch.float32).reshape(-1)
+    if values.numel() != 1:
+        raise CheckpointFormatError(f"{loaded.describe()}: a per-tensor scale must hold one value, found "
+                                    f"{values.numel()}")
+    index = shard_ids.index(shard_id) if shard_id in shard_ids else 0
+    param.data[index] = values[0]
