@@ -8,10 +8,6 @@ activation maxima are gathered over the ranks. A split inside a block is refused
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,10 +16,10 @@ import torch
 from tests.helpers.fp8_checkpoints import save_fp8_checkpoint
 from tests.helpers.hf_checkpoints import reference_logits, relative_error
 from tests.helpers.model_checks import random_ids
+from tests.helpers.torchrun_cases import run_quantized_cases
 
 pytestmark = pytest.mark.torchrun
 
-REPO = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).parents[2] / "helpers" / "scripts" / "tp_fp8_worker.py"
 RANKS = 2
 ALIGNED = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
@@ -47,17 +43,7 @@ def tp_run(tmp_path_factory):
     for name, (family, layout, block, options, _) in {**CASES, "cut": (*CUT, None, "")}.items():
         path, references[name] = save_fp8_checkpoint(family, root / name, layout, block=block, **ALIGNED)
         cases[name] = {"path": str(path), "options": options}
-    cases_file = root / "cases.json"
-    cases_file.write_text(json.dumps(cases))
-    out = root / "out"
-    out.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    env.pop("WORLD_SIZE", None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}",
-               str(SCRIPT), str(out), str(cases_file)]
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(RANKS)]
+    out, ranks = run_quantized_cases(cases, root, ranks=RANKS, script=SCRIPT)
     return references, out, ranks
 
 

@@ -32,6 +32,7 @@ from tests.helpers.llmcompressor_checkpoints import (
     quantize_with_llmcompressor,
 )
 from tests.helpers.model_checks import random_ids
+from tests.helpers.torchrun_cases import run_quantized_cases
 
 pytestmark = pytest.mark.slow
 
@@ -189,31 +190,16 @@ TP_TOLERANCE = {"W8A8": 1e-2}
 
 @pytest.mark.torchrun
 def test_llmcompressor_checkpoints_at_tp2_under_torchrun(written, tmp_path) -> None:
-    import json
-    import os
-    import subprocess
-    import sys
-
-    repo = Path(__file__).resolve().parents[3]
     cases = {f"{family}-{case}": {"path": str(written[family, case]), "options": None}
              for family in FAMILIES for case in CASES}
-    (tmp_path / "cases.json").write_text(json.dumps(cases))
-    out = tmp_path / "out"
-    out.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
-    env.pop("WORLD_SIZE", None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               str(repo / "tests" / "helpers" / "scripts" / "tp_quantized_worker.py"), str(out),
-               str(tmp_path / "cases.json")]
-    done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out, ranks = run_quantized_cases(cases, tmp_path, timeout=900)
     ids = random_ids(256)
     for family in FAMILIES:
         for case in CASES:
             path, name = written[family, case], f"{family}-{case}"
             expected = torch.load(path / IN_MEMORY_LOGITS) if case in ROTATED else decompressed_logits(path, ids)
             for rank in range(2):
-                result = json.loads((out / f"rank{rank}.json").read_text())[name]
+                result = ranks[rank][name]
                 error = relative_error(torch.load(out / f"{name}-rank{rank}.pt"), expected)
                 print(f"{name} tp=2 rank {rank}: relative error {error:.3g}")
                 assert result["tp_size"] == 2 and error <= TP_TOLERANCE.get(case, 1e-3), (name, result, error)

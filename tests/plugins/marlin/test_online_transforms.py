@@ -25,6 +25,7 @@ from tests.helpers.compressed_tensors_checkpoints import ct_quantization_config,
 from tests.helpers.gptq_checkpoints import input_seed, save_packed_checkpoint
 from tests.helpers.hf_checkpoints import reference_logits, relative_error, tiny_config
 from tests.helpers.model_checks import random_ids
+from tests.helpers.torchrun_cases import run_quantized_cases
 
 
 def hadamard(size: int) -> torch.Tensor:
@@ -108,24 +109,9 @@ def test_rotations_that_are_not_supported_are_named(change, message) -> None:
 @pytest.mark.torchrun
 def test_a_rotation_of_a_row_parallel_layer_s_whole_input_at_tp2(tmp_path) -> None:
     """R4 spans ``down_proj``'s whole input, which tp=2 splits: each rank gathers it, rotates and keeps its half."""
-    import json
-    import os
-    import subprocess
-    import sys
-
     path, reference = _save(tmp_path / "ckpt")
-    repo = Path(__file__).resolve().parents[3]
-    (tmp_path / "cases.json").write_text(json.dumps({"r4": {"path": str(path), "options": None}}))
-    out = tmp_path / "out"
-    out.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
-    env.pop("WORLD_SIZE", None)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(repo / "tests" / "helpers" / "scripts" / "tp_quantized_worker.py"), str(out),
-                           str(tmp_path / "cases.json")], cwd=repo, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out, ranks = run_quantized_cases({"r4": {"path": str(path), "options": None}}, tmp_path)
     expected = reference_logits(reference, random_ids(reference.config.vocab_size))
     for rank in range(2):
-        assert json.loads((out / f"rank{rank}.json").read_text())["r4"]["tp_size"] == 2
+        assert ranks[rank]["r4"]["tp_size"] == 2
         assert relative_error(torch.load(out / f"r4-rank{rank}.pt"), expected) <= 1e-3

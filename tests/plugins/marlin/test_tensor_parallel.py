@@ -9,12 +9,6 @@ or (``-ep`` cases, ``enable_expert_parallel``) go whole to one rank each.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from tests.helpers.awq_checkpoints import save_awq_checkpoint
@@ -23,11 +17,10 @@ from tests.helpers.gptq_checkpoints import save_gptq_checkpoint
 from tests.helpers.hf_checkpoints import reference_logits, relative_error
 from tests.helpers.model_checks import random_ids
 from tests.helpers.moe_packed_checkpoints import save_ct_moe_checkpoint, save_gptq_moe_checkpoint
+from tests.helpers.torchrun_cases import run_quantized_cases
 
 pytestmark = pytest.mark.torchrun
 
-REPO = Path(__file__).resolve().parents[3]
-SCRIPT = Path(__file__).parents[2] / "helpers" / "scripts" / "tp_quantized_worker.py"
 RANKS = 2
 ALIGNED = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
 MOE_SIZES = dict(moe_intermediate_size=128)
@@ -65,17 +58,7 @@ def tp_run(tmp_path_factory):
         write = WRITERS.get(name.partition("-")[0], save_gptq_checkpoint)
         path, references[name] = write(family, root / name, **{**ALIGNED, **fields})
         cases[name] = {"path": str(path), "options": options, "enable_expert_parallel": name.endswith("-ep")}
-    cases_file = root / "cases.json"
-    cases_file.write_text(json.dumps(cases))
-    out = root / "out"
-    out.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    env.pop("WORLD_SIZE", None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}",
-               str(SCRIPT), str(out), str(cases_file)]
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(RANKS)]
+    out, ranks = run_quantized_cases(cases, root, ranks=RANKS)
     return references, out, ranks
 
 
