@@ -89,10 +89,12 @@ def test_int8_mm_matches_the_fake_quantized_reference(tmp_path, case):
     assert set(report.quantization["kernels"]) == {"int8_mm"}
 
 
-def test_bfloat16_loads_record_int8pack_for_rows_and_int8planes_for_groups(tmp_path):
+def test_bfloat16_loads_record_int8_mm_for_w8a8_int8pack_for_w8a16_rows_and_int8planes_for_groups(tmp_path):
     channel, _ = save_int8_checkpoint("llama", tmp_path / "channel", int8_scheme("channel"), **SIZES)
+    w8a16, _ = save_int8_checkpoint("llama", tmp_path / "w8a16", int8_scheme("channel", activations=None), **SIZES)
     grouped, _ = save_int8_checkpoint("llama", tmp_path / "group", int8_scheme("group", activations=None), **SIZES)
-    assert set(_load(channel, "bfloat16")[1].quantization["kernels"]) == {"int8pack"}
+    assert set(_load(channel, "bfloat16")[1].quantization["kernels"]) == {"int8_mm"}
+    assert set(_load(w8a16, "bfloat16")[1].quantization["kernels"]) == {"int8pack"}
     _, report = _load(grouped, "bfloat16")
     assert report.quantization["layers"]["model.layers.1.mlp.down_proj"] == {"kernel": "int8planes", "reason": None}
 
@@ -129,7 +131,8 @@ def test_the_grouped_int8_kernels_multiply_as_the_dequantized_weight(sym, group,
 def test_auto_chooses_by_device_and_dtype():
     w8a8 = Int8Activations(dynamic=True)
     assert wanted_int8_kernel("auto", True, torch.float32, torch.device("cpu")) == "dequantized"
-    assert wanted_int8_kernel("auto", True, torch.bfloat16, torch.device("cpu")) == "int8pack"
+    assert wanted_int8_kernel("auto", True, torch.bfloat16, torch.device("cpu")) == "int8_mm"
+    assert wanted_int8_kernel("auto", False, torch.bfloat16, torch.device("cpu")) == "int8pack"
     plan = dict(symmetric=True, group_size=-1, requested="auto", dtype=torch.bfloat16,
                 packed_plan=KernelChoice("int8pack"))
     assert plan_int8_kernel(w8a8, k=64, n=64, device=torch.device("cuda"), **plan) == KernelChoice("int8_mm")

@@ -16,10 +16,13 @@ have different static input scales rounds once per part); ``int8_mm`` quantizes 
   int8 activations 8.0 / 76, dequantized bf16 8.1 / 25, ``_weight_int8pack_mm`` bf16 8.0 / 93. torch's
   int8 weight kernel is 5x (decode) to 26x (prefill) slower than float32 ``F.linear`` in float32, so float32
   layers hold the float32 weight.
-* bfloat16 / float16 loads: ``int8pack`` (channel and tensor scales): decode ties every other kernel at
-  one byte per weight (the dequantized bfloat16 weight, 3.7x faster at prefill, holds two); ``int8_mm`` is
-  18 % faster at prefill but changes the math (quantized activations). Grouped weights take the marlin
-  chooser (the int8 planes, else the dequantize fallback).
+* bfloat16 / float16 loads of W8A8 checkpoints: ``int8_mm`` (below). On the 1 GB Llama
+  (``benchmarks/bench_quantized_formats.py``, bf16, 2 threads, AMD EPYC with AVX512-VNNI; RESULTS.md) it
+  prefills 128 tokens in 0.75x the bf16 model's time (``int8pack`` 2.5x, the dequantized bf16 weight 1.05x)
+  and decodes in 0.50x (``int8pack`` 0.54x, dequantized 1.07x), at one byte per weight; since every kernel
+  takes the same rounded input, it computes what the others do. W8A16 (no activation scheme): ``int8pack``
+  (channel and tensor scales; decode ties, one byte per weight). Grouped weights take the marlin chooser
+  (the int8 planes or groups, else the dequantize fallback).
 
 ``int8_mm`` (asked for by ``quantization_options={"kernel": "int8_mm"}``, and ``auto`` on CUDA) computes what
 vLLM and compressed-tensors' own quantized forward compute: the input quantized to int8 (dynamic: per token,
@@ -70,6 +73,7 @@ class Int8MatmulKernel:
     :ivar row_sums: int32 ``[N]``, each output's code sum (the input zero point's correction).
     :ivar input_scale: float32 ``[1]`` for static activations (empty for dynamic ones).
     :ivar input_zero_point: float32 ``[1]`` (0 for symmetric static activations; empty for dynamic ones).
+    :ivar split_input: the layer is row-parallel over several ranks: dynamic scales are gathered over them.
     """
 
     codes: torch.Tensor
@@ -79,10 +83,12 @@ class Int8MatmulKernel:
     input_zero_point: torch.Tensor
     symmetric_input: bool
     choice: KernelChoice
+    split_input: bool = False
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.codes.shape[1]).to(torch.float32)
-        codes, scale, zero = quantize_input(flat, self.input_scale, self.input_zero_point, self.symmetric_input)
+        codes, scale, zero = quantize_input(flat, self.input_scale, self.input_zero_point, self.symmetric_input,
+                                            self.split_input)
         rows = codes.shape[0]
         if codes.device.type == "cuda" and rows < _CUDA_MIN_ROWS:
             codes = torch.nn.functional.pad(codes, (0, 0, 0, _CUDA_MIN_ROWS - rows))
@@ -147,13 +153,16 @@ def int8_mm_reason(activations: Int8Activations | None, symmetric: bool, group_s
 
 
 def wanted_int8_kernel(requested: str, has_activations: bool, dtype: torch.dtype, device: torch.device) -> str:
-    """The kernel ``requested`` means for this load: ``auto`` is ``int8_mm`` on CUDA for W8A8 checkpoints
-    (vLLM's path), else ``dequantized`` for float32 CPU loads and ``int8pack`` otherwise (see the module doc)."""
+    """The kernel ``requested`` means for this load: ``auto`` is ``int8_mm`` for W8A8 checkpoints on CUDA (vLLM's
+    path) and for bf16/fp16 CPU loads (measured fastest there, see the module doc), else ``dequantized`` for
+    float32 CPU loads and ``int8pack`` for W8A16 ones."""
     if requested != "auto":
         return requested
     if device.type == "cuda":
         return "int8_mm" if has_activations else "dequantized"
-    return "dequantized" if dtype == torch.float32 else "int8pack"
+    if dtype == torch.float32:
+        return "dequantized"
+    return "int8_mm" if has_activations else "int8pack"
 
 
 def plan_int8_kernel(activations: Int8Activations | None, *, symmetric: bool, group_size: int, k: int, n: int,

@@ -227,6 +227,8 @@ class Int8LinearMethod(LinearMethodBase):
         for name, _ in list(layer.named_parameters(recurse=False)):
             if name != "bias":
                 delattr(layer, name)
+        if isinstance(kernel, Int8MatmulKernel) and isinstance(layer, RowParallelLinear) and layer.tp_size > 1:
+            kernel = attrs.evolve(kernel, split_input=True)
         register_kernel_buffers(layer, kernel)
         state.kernel = kernel
         state.input_rounding = self._input_rounding(layer, state, kernel)
