@@ -5,7 +5,9 @@ Qwen2 (tied embeddings), each scheme is applied by ``oneshot`` — its presets, 
 two-group mixed-precision recipe, a quantized output head, an FP8 KV cache, a checkpoint saved uncompressed —
 and loader's float32 logits must be within 1e-3 (relative) of ``transformers``' for the same checkpoint
 (:mod:`tests.helpers.llmcompressor_checkpoints` says what that reference computes) — of llm-compressor's own
-model for QuIP and SpinQuant online rotations, which transformers drops.
+model for QuIP and SpinQuant online rotations, which transformers drops. The packers of the layouts llm-compressor
+does not write (DeepSeek's FP8 block format, ModelOpt NVFP4) are checked against compressed-tensors' own
+converters of them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModif
 from llmcompressor.modifiers.transform import QuIPModifier, SpinQuantModifier
 
 import loader
+from tests.helpers.fp4_checkpoints import fp4_quantization_config, save_fp4_checkpoint
+from tests.helpers.fp8_checkpoints import save_fp8_checkpoint
 from tests.helpers.gguf_dense import fetch_smollm2_gguf, save_dense_from_gguf
 from tests.helpers.hf_checkpoints import relative_error
 from tests.helpers.llmcompressor_checkpoints import (
@@ -203,3 +207,48 @@ def test_llmcompressor_checkpoints_at_tp2_under_torchrun(written, tmp_path) -> N
                 error = relative_error(torch.load(out / f"{name}-rank{rank}.pt"), expected)
                 print(f"{name} tp=2 rank {rank}: relative error {error:.3g}")
                 assert result["tp_size"] == 2 and error <= TP_TOLERANCE.get(case, 1e-3), (name, result, error)
+
+
+def test_the_fp8_block_packer_equals_compressed_tensors_dequantizer(tmp_path) -> None:
+    """The DeepSeek-V3 / Qwen3-FP8 layout (``quant_method: fp8``) as written by the tests' packer, dequantized by
+    compressed-tensors' own ``FP8BlockDequantizer``: the weights the reference (and a load) hold, bit for bit."""
+    from compressed_tensors.entrypoints.convert.converters.fp8block_dequantizer import FP8BlockDequantizer
+    from safetensors.torch import load_file
+
+    path, reference = save_fp8_checkpoint("llama", tmp_path, "fp8-block", block=(32, 32))
+    tensors = FP8BlockDequantizer(targets=[r"re:.*_proj$"], weight_block_size=(32, 32), dtype=torch.float32
+                                  ).process(load_file(path / "model.safetensors"))
+    expected = reference.state_dict()
+    compared = [name for name in tensors if name.endswith("_proj.weight")]
+    assert len(compared) == 7 * reference.config.num_hidden_layers
+    for name in compared:
+        assert torch.equal(tensors[name], expected[name]), name
+
+
+def test_the_modelopt_nvfp4_packer_equals_compressed_tensors_conversion(tmp_path) -> None:
+    """A ModelOpt NVFP4 checkpoint from the tests' packer, converted by compressed-tensors' own
+    ``ModelOptNvfp4Converter`` and decompressed by transformers: the weights loader decodes from the ModelOpt
+    file, to one bfloat16 step (compressed-tensors decompresses FP4 to bfloat16)."""
+    import json
+
+    from compressed_tensors.entrypoints.convert.converters.modelopt_nvfp4 import ModelOptNvfp4Converter
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+
+    path, _ = save_fp4_checkpoint("llama", tmp_path / "modelopt", "modelopt-nvfp4")
+    converted = ModelOptNvfp4Converter(targets=[r"re:.*_proj$"]).process(load_file(path / "model.safetensors"))
+    ct = tmp_path / "ct"
+    ct.mkdir()
+    save_file(converted, ct / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"] = fp4_quantization_config("ct-nvfp4")
+    (ct / "config.json").write_text(json.dumps(config))
+    theirs = AutoModelForCausalLM.from_pretrained(ct, dtype=torch.float32,
+                                                  quantization_config=CompressedTensorsConfig(dequantize=True))
+    ours = loader.load_model(str(path), dtype="float32")
+    for layer in range(theirs.config.num_hidden_layers):
+        decoded = ours.model.layers[layer].mlp.down_proj.get_buffer("fp4_weight")
+        expected = theirs.model.layers[layer].mlp.down_proj.weight
+        # one bfloat16 step apart at most: ModelOpt multiplies by weight_scale_2, compressed-tensors divides by
+        # its reciprocal (float32 either way), and the two products round to neighbouring bfloat16 values
+        torch.testing.assert_close(decoded.float(), expected.float(), rtol=2**-7, atol=0)
