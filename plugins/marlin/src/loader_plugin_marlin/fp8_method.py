@@ -34,6 +34,7 @@ from .fp8_kernels import DequantizedFp8Kernel, ScaledMmFp8Kernel, build_fp8_kern
 from .fp8_loading import land_block_scales, land_fp8_weight, land_part_scalar, land_row_scales
 from .fp8_scheme import Fp8Geometry, Fp8ParamSpec, fp8_geometry, fp8_param_specs
 from .layer_kernels import refill_kernel_buffers, register_kernel_buffers, with_layer_buffers
+from .reopened_layers import check_whole_set, drop_reopened
 
 if TYPE_CHECKING:
     from torch import nn
@@ -177,28 +178,16 @@ class Fp8LinearMethod(LinearMethodBase):
     def check_update(self, layer: nn.Module) -> None:
         """Every tensor of the layer, every part of it: the kernel is rebuilt from the whole set."""
         state = self.layer_state(layer, Fp8LayerState)
-        if state.update is None:
-            return
-        written = state.update
-        parts = len(state.geometry.parts)
-        missing = [name for name in state.names
-                   if not (None in written.get(name, ()) or len(written.get(name, ())) >= parts)]
-        if missing:
-            given = ", ".join(f"{name} ({_parts_text(written[name])})" for name in state.names if name in written)
-            raise UnsupportedError(
-                f"layer {state.geometry.prefix!r} ({type(self).__name__}) was given {given or 'none'} but not all "
-                f"of {', '.join(missing)}: an FP8 layer is rebuilt from its whole tensor set "
-                f"({', '.join(state.names)}, every part of a fused layer); give all of them or none")
+        if state.update is not None:
+            check_whole_set(state.geometry.prefix, type(self).__name__, "an FP8 layer", state.names, state.update,
+                            len(state.geometry.parts))
 
     def close_update(self, layer: nn.Module) -> None:
         """Drop the reopened parameters the update did not consume."""
         state = self.layer_state(layer, Fp8LayerState)
         if state.update is None:
             return
-        held = dict(layer.named_parameters(recurse=False))
-        for name in state.names:
-            if name in held:
-                delattr(layer, name)
+        drop_reopened(layer, state.names)
         state.update = None
 
     def kernel(self, layer: nn.Module) -> DequantizedFp8Kernel | ScaledMmFp8Kernel:
@@ -213,6 +202,3 @@ class Fp8LinearMethod(LinearMethodBase):
         out = self.kernel(layer).matmul(x)
         return out if bias is None else out + bias.to(out.dtype)
 
-
-def _parts_text(parts: set[object]) -> str:
-    return "whole" if None in parts else "parts " + ", ".join(str(part) for part in sorted(parts, key=str))

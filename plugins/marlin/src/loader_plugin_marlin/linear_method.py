@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, cast
 import attrs
 import torch
 
-from loader.errors import UnsupportedError
 from loader.layers import LinearMethodBase, LinearShape, ParamLayout, WeightLoader, set_param_layout
 from loader.models import current_session
 
@@ -46,6 +45,7 @@ from .layer_kernels import (
 )
 from .param_specs import ParamSpec, land_part_scalar, land_shape_record, land_shared_g_idx
 from .quantized_weight import QuantizedWeight
+from .reopened_layers import check_whole_set, drop_reopened
 
 if TYPE_CHECKING:
     from torch import nn
@@ -196,28 +196,16 @@ class PackedLinearMethod(LinearMethodBase):
     def check_update(self, layer: nn.Module) -> None:
         """Every checkpoint tensor of the layer, every part of it: the kernel is rebuilt from the whole set."""
         state = self.layer_state(layer, PackedLayerState)
-        if state.update is None:
-            return
-        parts = len(state.geometry.parts)
-        whole = {name for name, written in state.update.written.items() if None in written or len(written) >= parts}
-        missing = [name for name in state.names if name not in whole]
-        if missing:
-            given = ", ".join(f"{name} ({_parts_text(state.update.written[name])})"
-                              for name in state.names if name in state.update.written) or "none"
-            raise UnsupportedError(
-                f"layer {state.geometry.prefix!r} ({type(self).__name__}) was given {given} but not all of "
-                f"{', '.join(missing)}: a packed layer is rebuilt from its whole tensor set "
-                f"({', '.join(state.names)}, every part of a fused layer); give all of them or none")
+        if state.update is not None:
+            check_whole_set(state.geometry.prefix, type(self).__name__, "a packed layer", state.names,
+                            state.update.written, len(state.geometry.parts))
 
     def close_update(self, layer: nn.Module) -> None:
         """Drop the reopened parameters the update did not consume (nothing, or not all of the set, was given)."""
         state = self.layer_state(layer, PackedLayerState)
         if state.update is None:
             return
-        held = dict(layer.named_parameters(recurse=False))
-        for name in state.names:
-            if name in held:
-                delattr(layer, name)
+        drop_reopened(layer, state.names)
         state.update = None
         state.g_idx_parts = []
 
@@ -243,6 +231,3 @@ class PackedLinearMethod(LinearMethodBase):
         out = self.kernel(layer).matmul(x)
         return out if bias is None else out + bias.to(out.dtype)
 
-
-def _parts_text(parts: set[object]) -> str:
-    return "whole" if None in parts else "parts " + ", ".join(str(part) for part in sorted(parts, key=str))

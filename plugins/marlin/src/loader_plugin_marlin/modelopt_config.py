@@ -70,6 +70,15 @@ def kv_scales_aside(weights: WeightStream, found: dict[str, CheckpointTensor]) -
         yield name, tensor
 
 
+def _kv_aside(algo: str | None, scales: dict[str, CheckpointTensor], weights: WeightStream) -> WeightStream:
+    """The stream without the KV cache scales when the export declares a KV cache algorithm (kept in ``scales``)."""
+    return kv_scales_aside(weights, scales) if algo else weights
+
+
+def _kv_record(algo: str | None, scales: dict[str, CheckpointTensor]) -> dict[str, Any] | None:
+    return {"algo": algo, "scales": len(scales), "applied": False} if algo else None
+
+
 @attrs.frozen
 class ModelOptFp4Config(Fp4Config):
     """A ModelOpt NVFP4 checkpoint.
@@ -86,12 +95,11 @@ class ModelOptFp4Config(Fp4Config):
         return excluded(self.skip_modules, prefix)
 
     def wrap_weights(self, weights: WeightStream) -> WeightStream:
-        return kv_scales_aside(weights, self.kv_scales) if self.kv_cache_algo else weights
+        return _kv_aside(self.kv_cache_algo, self.kv_scales, weights)
 
     def describe(self) -> dict[str, Any]:
-        kv = {"algo": self.kv_cache_algo, "scales": len(self.kv_scales), "applied": False}
         return {**super().describe(), "quant_algo": "NVFP4" if self.activations_quantized else "W4A16_NVFP4",
-                "kv_cache": kv if self.kv_cache_algo else None}
+                "kv_cache": _kv_record(self.kv_cache_algo, self.kv_scales)}
 
 
 @attrs.frozen
@@ -110,11 +118,10 @@ class ModelOptFp8Config(Fp8Config):
         return excluded(self.skip_modules, prefix)
 
     def wrap_weights(self, weights: WeightStream) -> WeightStream:
-        return kv_scales_aside(weights, self.kv_scales) if self.kv_cache_algo else weights
+        return _kv_aside(self.kv_cache_algo, self.kv_scales, weights)
 
     def describe(self) -> dict[str, Any]:
-        kv = {"algo": self.kv_cache_algo, "scales": len(self.kv_scales), "applied": False}
-        return {**super().describe(), "quant_algo": "FP8", "kv_cache": kv if self.kv_cache_algo else None}
+        return {**super().describe(), "quant_algo": "FP8", "kv_cache": _kv_record(self.kv_cache_algo, self.kv_scales)}
 
 
 def _fields(declared: Mapping[str, Any]) -> tuple[Any, Any, Any, Any]:
