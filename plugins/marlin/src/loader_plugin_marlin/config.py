@@ -222,15 +222,17 @@ def check_flag(declared: Mapping[str, Any], key: str, default: bool, where: str)
     return value
 
 
-def kernel_option(options: Mapping[str, Any] | None, method: str) -> str:
-    """``quantization_options["kernel"]`` checked (the only option these formats take)."""
+def kernel_option(options: Mapping[str, Any] | None, method: str, kernels: Sequence[str] = KERNELS,
+                  scope: str = "") -> str:
+    """``quantization_options["kernel"]`` checked (the only option these formats take): one of ``kernels``
+    (the packed formats' by default); ``scope`` ends the message naming the layers it is for (`` for FP4``)."""
     options = dict(options or {})
     unknown = sorted(set(options) - {"kernel"})
     if unknown:
         raise ConfigError(f"quantization_options: unknown {method} option(s) {unknown}; expected some of ['kernel']")
     kernel = options.get("kernel", "auto")
-    if kernel not in KERNELS:
-        raise ConfigError(f"quantization_options: kernel {kernel!r} is not one of {list(KERNELS)}")
+    if kernel not in kernels:
+        raise ConfigError(f"quantization_options: kernel {kernel!r} is not one of {list(kernels)}{scope}")
     return str(kernel)
 
 

@@ -24,6 +24,7 @@ import attrs
 from loader.errors import ConfigError, UnsupportedError
 from loader.layers import FusedMoE, LinearBase, ParallelLMHead, QuantizationConfig
 
+from .config import kernel_option
 from .fp4_format import FP4_SCHEMES, NVFP4_W4A4, Fp4Scheme
 from .fp4_method import Fp4LinearMethod
 
@@ -88,16 +89,8 @@ class CompressedTensorsFp4Config(Fp4Config):
 
 
 def fp4_kernel_option(options: Mapping[str, Any] | None, method: str) -> str:
-    """``quantization_options["kernel"]`` checked (the only option FP4 checkpoints take)."""
-    options = dict(options or {})
-    unknown = sorted(set(options) - {"kernel"})
-    if unknown:
-        raise ConfigError(f"quantization_options: unknown {method} option(s) {unknown}; expected some of ['kernel']")
-    kernel = options.get("kernel", "auto")
-    if kernel not in KERNELS:
-        raise ConfigError(f"quantization_options: kernel {kernel!r} is not one of {list(KERNELS)} for FP4 "
-                          f"({method})")
-    return str(kernel)
+    """``quantization_options["kernel"]`` checked: one of the FP4 kernels."""
+    return kernel_option(options, method, KERNELS, f" for FP4 ({method})")
 
 
 def _check_weights(weights: Any, layout: Fp4Scheme, fmt: str, where: str) -> None:

@@ -24,7 +24,7 @@ import attrs
 from loader.errors import ConfigError, UnsupportedError
 from loader.layers import FusedMoE, LinearBase, QuantizationConfig
 
-from .config import module_list
+from .config import kernel_option, module_list
 from .fp8_kernels import KERNELS
 from .fp8_method import Fp8LinearMethod
 from .fp8_scheme import WEIGHT_STRATEGIES, ActivationQuant, Fp8Scheme
@@ -93,15 +93,8 @@ class CompressedTensorsFp8Config(Fp8Config):
 
 
 def fp8_kernel_option(options: Mapping[str, Any] | None, method: str) -> str:
-    """``quantization_options["kernel"]`` checked (the only option FP8 checkpoints take)."""
-    options = dict(options or {})
-    unknown = sorted(set(options) - {"kernel"})
-    if unknown:
-        raise ConfigError(f"quantization_options: unknown {method} option(s) {unknown}; expected some of ['kernel']")
-    kernel = options.get("kernel", "auto")
-    if kernel not in KERNELS:
-        raise ConfigError(f"quantization_options: kernel {kernel!r} is not one of {list(KERNELS)} for {method}")
-    return str(kernel)
+    """``quantization_options["kernel"]`` checked: one of the FP8 kernels."""
+    return kernel_option(options, method, KERNELS, f" for {method}")
 
 
 def _block(value: Any, where: str, key: str) -> tuple[int, int]:

@@ -30,6 +30,7 @@ import attrs
 from loader.errors import ConfigError, UnsupportedError
 from loader.layers import LinearBase, QuantizationConfig
 
+from .config import kernel_option
 from .int8_method import Int8LinearMethod
 from .int8_scheme import Int8Activations, Int8Scheme
 
@@ -129,15 +130,7 @@ def _activations(args: Mapping[str, Any] | None, where: str) -> Int8Activations 
 
 
 def _kernel(options: Mapping[str, Any] | None) -> str:
-    options = dict(options or {})
-    unknown = sorted(set(options) - {"kernel"})
-    if unknown:
-        raise ConfigError(f"quantization_options: unknown int8 option(s) {unknown}; expected some of ['kernel']")
-    kernel = options.get("kernel", "auto")
-    if kernel not in INT8_KERNELS:
-        raise ConfigError(f"quantization_options: kernel {kernel!r} is not one of {list(INT8_KERNELS)} for "
-                          "int-quantized layers")
-    return str(kernel)
+    return kernel_option(options, "int8", INT8_KERNELS, " for int-quantized layers")
 
 
 def int8_scheme_from_ct(name: str, scheme: Mapping[str, Any], options: Mapping[str, Any] | None) -> Int8Config:
