@@ -15,6 +15,7 @@ from .formats import TENSORIZER, is_remote, is_tensors_location
 
 if TYPE_CHECKING:
     from loader.checkpoint import LoadOptions, Source, WeightFormat
+    from loader.hookspecs import CliCommand
     from loader.weights import ReadStats, WeightStream
 
 
@@ -67,3 +68,11 @@ def loader_iter_weights(
     settings = TensorizerOptions.from_options(options.format_options)
     return iter_tensorized(weight_format.files, settings, stats, headers_only=options.headers_only,
                            parameter_names=weight_format.parameter_names)
+
+
+@hookimpl
+def loader_cli_commands() -> list[CliCommand]:
+    """``loader save-tensorized``."""
+    from .cli import SaveTensorizedCommand
+
+    return [SaveTensorizedCommand()]
