@@ -19,7 +19,7 @@ _RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
 class _Handler(http.server.SimpleHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # tensorizer reads only HTTP/1.1 and HTTP/2 status lines
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
     def send_head(self) -> Any:

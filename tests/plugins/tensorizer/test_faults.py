@@ -24,8 +24,9 @@ def test_a_truncated_file_names_the_tensor_past_its_end(checkpoints: dict[str, P
     shutil.copytree(checkpoints["llama-float32-tz"], folder)
     data = (folder / "model.tensors").read_bytes()
     (folder / "model.tensors").write_bytes(data[:-100])
+    end = len(data) - 8  # the last tensor's end: an 8-byte end mark follows it
     with pytest.raises(CheckpointFormatError, match=r"model.tensors: truncated: tensor 'lm_head.weight' needs bytes "
-                                                    rf"up to {len(data) - 8} but the file has {len(data) - 100}"):  # an 8-byte end mark
+                                                    rf"up to {end} but the file has {len(data) - 100}"):
         loader.load_model(str(folder), dtype="float32")
 
 

@@ -70,8 +70,8 @@ def _local(index: TensorizedIndex, stats: ReadStats) -> Iterator[tuple[str, Chec
         yield entry.name, LocalTensor(index.file, entry, entry.torch_dtype, stats)
 
 
-def iter_tensorized(files: Sequence[str], options: TensorizerOptions, stats: ReadStats, *,
-                    headers_only: bool = False, parameter_names: bool = False) -> Iterator[tuple[str, CheckpointTensor]]:
+def iter_tensorized(files: Sequence[str], options: TensorizerOptions, stats: ReadStats, *, headers_only: bool = False,
+                    parameter_names: bool = False) -> Iterator[tuple[str, CheckpointTensor]]:
     """Yield ``(name, handle)`` for every tensor of ``files``, each file's index checked before its tensors.
 
     Under checkpoint names, a file written from a module (``write_module``) also holds the module's buffers
