@@ -92,7 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else list(argv)
     CliParser.json_errors = "--json" in arguments
     command = next((a for a in arguments if not a.startswith("-")), None)
-    args = build_parser(plugin_commands=command not in CORE_COMMANDS).parse_args(arguments)
+    asks_help = command is None and ("-h" in arguments or "--help" in arguments)
+    plugin_commands = (command is not None and command not in CORE_COMMANDS) or asks_help
+    args = build_parser(plugin_commands=plugin_commands).parse_args(arguments)
     _configure_logging(args.debug)
     quiet_other_ranks()
     return worker_exit(_run(args, arguments))
