@@ -32,12 +32,13 @@ if TYPE_CHECKING:
     from ._options import LoadOptions
     from ._plugins import PluginHost
     from .checkpoint import Source, TokenizerBundle, WeightFormat
-    from .hookspecs import RegisterArchitecture
+    from .hookspecs import CliCommand, RegisterArchitecture
     from .layers.quantization import QuantizationConfig
     from .weights import ReadStats, WeightStream
 
 __all__ = [
     "Answer",
+    "cli_commands",
     "detect_format",
     "detect_quantization",
     "iter_weights",
@@ -176,6 +177,14 @@ def register_architectures(register: Callable[[str], RegisterArchitecture], host
         register(plugin)(architecture, class_path, **({"fallback": True} if fallback else {}))
 
     _host(host).pm.hook.loader_register_architectures(register=register_for_caller)
+
+
+def cli_commands(host: PluginHost | None = None) -> list[CliCommand]:
+    """Every plugin's command-line subcommands, in plugin order."""
+    found: list[CliCommand] = []
+    for commands in _host(host).pm.hook.loader_cli_commands():
+        found.extend(commands or ())
+    return found
 
 
 def detect_quantization(

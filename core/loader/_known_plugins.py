@@ -60,6 +60,7 @@ KNOWN_PLUGINS: tuple[KnownPlugin, ...] = (
     ),
     KnownPlugin("runai", formats=("runai_streamer", "runai_streamer_sharded"), schemes=("s3",)),
     KnownPlugin("safetensors", formats=("safetensors", "pt")),
+    KnownPlugin("tensorizer", formats=("tensorizer",), schemes=("http", "https")),
     KnownPlugin("transformers"),
 )
 # end plugin list

@@ -14,7 +14,8 @@ failure names the plugin and the hook.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import argparse
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pluggy
@@ -29,9 +30,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PROJECT_NAME",
+    "CliCommand",
     "RegisterArchitecture",
     "hookimpl",
     "hookspec",
+    "loader_cli_commands",
     "loader_detect_format",
     "loader_detect_quantization",
     "loader_iter_weights",
@@ -53,6 +56,23 @@ class RegisterArchitecture(Protocol):
     """``register(architecture, "package.module:Class", *, fallback=False)``: the callback plugins get."""
 
     def __call__(self, architecture: str, class_path: str, *, fallback: bool = False) -> None: ...
+
+
+class CliCommand(Protocol):
+    """A subcommand a plugin adds to the ``loader`` command line (what ``loader_cli_commands`` returns)."""
+
+    name: str
+    """The subcommand (``save-tensorized``); a core command's name is refused."""
+    help: str
+    """Its one-line help in ``loader --help``."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Declare the subcommand's arguments on its own parser."""
+        ...
+
+    def run(self, args: argparse.Namespace) -> int:
+        """Carry it out and return the exit status; a :class:`~loader.errors.LoadError` becomes one line."""
+        ...
 
 
 # --- source resolution -------------------------------------------------------
@@ -172,6 +192,24 @@ def loader_register_architectures(register: RegisterArchitecture) -> None:
     At most one fallback may be installed.
 
     :param register: the registration callback.
+    """
+
+
+# --- command line -----------------------------------------------------------
+
+
+@hookspec
+def loader_cli_commands() -> Sequence[CliCommand] | None:
+    """Add subcommands to the ``loader`` command line.
+
+    Called for every plugin when the command line is built for a command the
+    core does not own (and for ``loader --help``), so core commands never
+    import a plugin. Each returned :class:`CliCommand` gets its own subparser;
+    its ``run`` gets the parsed arguments, and a
+    :class:`~loader.errors.LoadError` it raises prints as one ``error:`` line.
+    Import what the command needs inside ``run``, not at module level.
+
+    :returns: the plugin's commands, or ``None``.
     """
 
 

@@ -86,7 +86,7 @@ def _options(parser: argparse.ArgumentParser, path: str = "loader") -> list[tupl
 
 
 def test_every_option_has_help_and_dtype_has_choices() -> None:
-    options = _options(build_parser())
+    options = _options(build_parser(plugin_commands=False))  # the core's commands (plugins add their own)
     assert [name for name, action in options if not action.help] == []
     assert {name: action.choices for name, action in options if action.dest == "dtype"} == {
         f"loader {cmd} dtype": ("auto", "bfloat16", "float16", "float32")

@@ -31,8 +31,8 @@ def test_each_provision_has_its_distribution(kind, value, distribution):
 
 
 def test_unknown_format_has_no_hint():
-    assert provider_of("format", "tensorizer") is None
-    assert missing_plugin_hint("format", "tensorizer") == ""
+    assert provider_of("format", "tensorrt_llm") is None
+    assert missing_plugin_hint("format", "tensorrt_llm") == ""
 
 
 def test_names_are_unique():

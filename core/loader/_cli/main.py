@@ -15,12 +15,15 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import LoadError
-from .parser import EXIT_USER_ERROR, CliParser, build_parser
+from .parser import CORE_COMMANDS, EXIT_USER_ERROR, CliParser, build_parser
 from .tp_launch import quiet_other_ranks, worker_exit
 
 __all__ = ["build_parser", "main"]
 
 def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
+    plugin_command = getattr(args, "plugin_command", None)
+    if plugin_command is not None:
+        return int(plugin_command.run(args))
     if args.command == "plugins":
         from .info import run_plugins
 
@@ -88,7 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _escape_unencodable_output()
     arguments = sys.argv[1:] if argv is None else list(argv)
     CliParser.json_errors = "--json" in arguments
-    args = build_parser().parse_args(arguments)
+    command = next((a for a in arguments if not a.startswith("-")), None)
+    asks_help = command is None and ("-h" in arguments or "--help" in arguments)
+    plugin_commands = (command is not None and command not in CORE_COMMANDS) or asks_help
+    args = build_parser(plugin_commands=plugin_commands).parse_args(arguments)
     _configure_logging(args.debug)
     quiet_other_ranks()
     return worker_exit(_run(args, arguments))

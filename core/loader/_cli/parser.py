@@ -12,15 +12,18 @@ import argparse
 import json
 import math
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .._known_plugins import installed_uri_schemes
 from .._options import MODEL_IMPLS
 from .versions import VersionAction
 
-__all__ = ["DTYPE_CHOICES", "EXIT_USER_ERROR", "CliParser", "build_parser", "source_help"]
+__all__ = ["CORE_COMMANDS", "DTYPE_CHOICES", "EXIT_USER_ERROR", "CliParser", "build_parser", "source_help"]
 
 EXIT_USER_ERROR = 2
+CORE_COMMANDS = ("plugins", "models", "inspect", "load", "generate", "save-sharded")
+"""The core's own subcommands: parsing one of them loads no plugin (plugins add theirs through
+``loader_cli_commands``)."""
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
 FORMAT_HELP = ("weight format: auto (default: detect; safetensors before .bin), dummy (random weights), "
                "sharded_state (save-sharded output), or a format plugin's name "
@@ -114,8 +117,22 @@ def _add_load_args(p: argparse.ArgumentParser, source_text: str) -> None:
     _add_json(p)
 
 
-def build_parser(source_text: str | None = None) -> argparse.ArgumentParser:
-    """The whole command line; ``source_text`` replaces SOURCE's help (the docs name every plugin's schemes)."""
+def _add_plugin_commands(sub: Any) -> None:
+    """Each installed plugin's subcommands (``loader_cli_commands``), after the core's."""
+    from .._hooks import cli_commands
+    from ..errors import PluginError
+
+    for command in cli_commands():
+        if command.name in CORE_COMMANDS:
+            raise PluginError(f"a plugin's command {command.name!r} has the name of a core command")
+        p = sub.add_parser(command.name, help=command.help)
+        command.add_arguments(p)
+        p.set_defaults(plugin_command=command)
+
+
+def build_parser(source_text: str | None = None, *, plugin_commands: bool = True) -> argparse.ArgumentParser:
+    """The whole command line; ``source_text`` replaces SOURCE's help (the docs name every plugin's schemes);
+    ``plugin_commands`` adds the plugins' subcommands (which loads the plugins)."""
     if source_text is None:
         source_text = source_help()  # one scan of the installed entry points for every command's SOURCE help
     parser = CliParser(prog="loader", description="Load LLM checkpoints into ready torch modules.")
@@ -160,4 +177,6 @@ def build_parser(source_text: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--max-part-gb", type=_positive_gigabytes, default=5.0, metavar="GB",
                    help="largest part file (GB, default 5)")
     _add_json(p)
+    if plugin_commands:
+        _add_plugin_commands(sub)
     return parser
