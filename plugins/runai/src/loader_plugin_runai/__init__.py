@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .object_store import ObjectInfo, ObjectStore
     from .s3_folder import S3Folder
     from .settings import StreamerSettings
-    from .tensor import StreamedTensor, StreamSlot
+    from .tensor import StreamedSource, StreamedTensor
     from .uri import ObjectUri, parse_object_uri
 
 __all__ = [
@@ -30,7 +30,7 @@ __all__ = [
     "ObjectUri",
     "S3Folder",
     "StorageAccessError",
-    "StreamSlot",
+    "StreamedSource",
     "StreamedTensor",
     "StreamerSettings",
     "parse_object_uri",
@@ -46,7 +46,7 @@ __getattr__, __dir__ = lazy_exports(__name__, globals(), {
     "ObjectStore": ".object_store",
     "S3Folder": ".s3_folder",
     "StreamerSettings": ".settings",
-    "StreamSlot": ".tensor",
+    "StreamedSource": ".tensor",
     "StreamedTensor": ".tensor",
     "ObjectUri": ".uri",
     "parse_object_uri": ".uri",
