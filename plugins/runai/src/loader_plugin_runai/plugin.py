@@ -31,10 +31,10 @@ def loader_resolve_source(location: str, options: LoadOptions) -> Source | None:
         return None
     from loader.checkpoint import Source
 
-    from .s3_folder import S3Folder
+    from .object_folder import ObjectFolder
     from .uri import parse_object_uri
 
-    folder = S3Folder(parse_object_uri(location))
+    folder = ObjectFolder(parse_object_uri(location))
     return Source(location=location, path=None, uri=str(folder.uri), revision=options.revision, reader=folder)
 
 

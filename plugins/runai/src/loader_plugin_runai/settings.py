@@ -21,6 +21,7 @@ import attrs
 
 from loader.errors import UnsupportedError
 
+from .gcs_store import emulator_endpoint
 from .object_store import uses_path_style
 from .staging import MIN_LIMIT, default_limit
 
@@ -113,11 +114,15 @@ class StreamerSettings:
         return self.memory_limit
 
     def environment(self) -> dict[str, str]:
-        """The variables this stream sets: the options given, plus path-style addressing for custom endpoints."""
+        """The variables this stream sets: the options given, plus path-style addressing for custom S3 endpoints
+        and ``STORAGE_EMULATOR_HOST`` as the streamer's GCS backend spells it."""
         env = {ENV_NAMES[name]: str(value) for name, value in attrs.asdict(self).items()
                if value is not None and name in ENV_NAMES}
         if uses_path_style() and "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING" not in os.environ:
             env["RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING"] = "0"
+        gcs_emulator = emulator_endpoint()
+        if gcs_emulator is not None and "CLOUD_STORAGE_EMULATOR_ENDPOINT" not in os.environ:
+            env["CLOUD_STORAGE_EMULATOR_ENDPOINT"] = gcs_emulator  # the streamer's GCS backend's name for it
         return env
 
     @contextmanager
