@@ -7,10 +7,7 @@ Loads that reach the streamer run in a child process whose mount namespace trust
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,11 +21,9 @@ import loader
 from loader.errors import SourceNotFoundError
 from loader_plugin_runai.errors import StorageAccessError
 from tests.helpers.azurite_server import Azurite, azurite_blob, namespace_command
+from tests.helpers.child_loads import child_load
 from tests.helpers.malformed import data_start
 from tests.helpers.s3_server import free_port
-
-ROOT = Path(__file__).resolve().parents[3]
-CHILD = ROOT / "tests" / "helpers" / "scripts" / "stream_load.py"
 
 
 @pytest.fixture(scope="module")
@@ -67,16 +62,10 @@ def _upload(folder: Path, container: str, prefix: str) -> None:
 
 
 def _child_load(azurite: Azurite, source: str, dtype: str, out: Path, *extra: str) -> dict[str, Any]:
-    command = namespace_command(azurite.bundle, [sys.executable, str(CHILD), source, dtype, str(out), *extra])
-    if command is None:
+    wrap = namespace_command(azurite.bundle, [])
+    if wrap is None:
         pytest.skip("no private mount namespace here (unshare --mount --map-root-user) to trust Azurite's certificate")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    error = out.with_suffix(".json")
-    if error.is_file():
-        return dict(json.loads(error.read_text()))
-    return {"state": torch.load(out.with_suffix(".pt"))}
+    return child_load(source, dtype, out, *extra, wrap=wrap)
 
 
 def test_az_load_is_bit_equal_to_the_local_load(llama_checkpoint: Path, container: str, az_env: Azurite,
@@ -95,7 +84,9 @@ def test_object_truncated_after_the_listing(llama_checkpoint: Path, container: s
     _upload(llama_checkpoint, container, "m")
     shard = sorted(llama_checkpoint.glob("model-*.safetensors"))[0]
     size, cut = shard.stat().st_size, data_start(shard) + 100
-    result = _child_load(az_env, f"az://{container}/m", "float32", tmp_path / "az", "--truncate", shard.name, str(cut))
+    (tmp_path / "cut").write_bytes(shard.read_bytes()[:cut])
+    result = _child_load(az_env, f"az://{container}/m", "float32", tmp_path / "az", "--after-listing", shard.name,
+                         str(tmp_path / "cut"))
     assert result.get("error") == "ObjectChangedError", result
     assert result["message"] == (f"az://{container}/m/{shard.name}: changed while the load was reading it (size {size}"
                                  f" -> {cut} bytes); nothing was loaded, try again once the upload is complete")

@@ -74,7 +74,8 @@ class StreamerSettings:
     concurrency: int | None = None
     """Threads reading files (local) or S3 clients open at once."""
     memory_limit: int | None = None
-    """Bytes of the staging ring (:mod:`.staging`); unset, ``-1`` or ``0``: the largest tensor."""
+    """Bytes of the staging ring (:mod:`.staging`); unset, ``-1`` or ``0``: the largest tensor (at least 128 MiB
+    from an object store)."""
     chunk_bytesize: int | None = None
     """Bytes each read request asks for."""
     fs_strategy: str | None = None
@@ -107,10 +108,11 @@ class StreamerSettings:
             values[name] = value
         return cls(**values)
 
-    def ring_bytes(self, tensor_bytes: Sequence[int]) -> int:
-        """The staging ring's size for a stream of tensors of ``tensor_bytes``: the option, else the largest."""
+    def ring_bytes(self, tensor_bytes: Sequence[int], remote: bool = False) -> int:
+        """The staging ring's size for a stream of tensors of ``tensor_bytes``: the option, else
+        :func:`~.staging.default_limit`."""
         if self.memory_limit is None or self.memory_limit in (-1, 0):
-            return default_limit(tensor_bytes)
+            return default_limit(tensor_bytes, remote)
         return self.memory_limit
 
     def environment(self) -> dict[str, str]:

@@ -23,15 +23,20 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["MIN_LIMIT", "StagingRing", "default_limit", "single_threaded"]
+__all__ = ["MIN_LIMIT", "REMOTE_MIN_LIMIT", "StagingRing", "default_limit", "single_threaded"]
 
 MIN_LIMIT = 1 << 20
 """The smallest ring accepted (``memory_limit``): two 512 KiB slots."""
 
+REMOTE_MIN_LIMIT = 128 << 20
+"""The default ring from an object store is at least this: slots of 64 MiB gather many tensors per request
+(:mod:`.slot_batches`)."""
 
-def default_limit(tensor_bytes: Sequence[int]) -> int:
-    """The ring when ``memory_limit`` is unset: the largest tensor (at least :data:`MIN_LIMIT`)."""
-    return max(MIN_LIMIT, max(tensor_bytes, default=0))
+
+def default_limit(tensor_bytes: Sequence[int], remote: bool = False) -> int:
+    """The ring when ``memory_limit`` is unset: the largest tensor (at least :data:`MIN_LIMIT`; from an object
+    store at least :data:`REMOTE_MIN_LIMIT`)."""
+    return max(REMOTE_MIN_LIMIT if remote else MIN_LIMIT, max(tensor_bytes, default=0))
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ from loader.weights import ReadStats
 from .errors import ObjectChangedError, StorageAccessError
 from .headers import read_headers
 from .identity import Snapshot
+from .range_reads import claim_backend
 from .settings import StreamerSettings
 from .staging import StagingRing
 from .tensor import StreamedSource, StreamedTensor
@@ -77,8 +78,10 @@ def iter_streamed_weights(
         if changed is None:
             raise
         raise changed from exc
+    if remote:  # after the headers, which the store's own client reads
+        claim_backend(files[0].partition("://")[0], where)
     sizes = [info.nbytes for header in headers for info in header.tensors.values()]
-    ring = StagingRing(settings.ring_bytes(sizes))
+    ring = StagingRing(settings.ring_bytes(sizes, remote))
     reads = TensorReads(stats, ring, model_memory(model),
                         lambda exc: _failure(where, remote, snapshot, exc))
     with settings.applied():

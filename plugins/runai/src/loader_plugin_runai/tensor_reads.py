@@ -2,11 +2,15 @@
 
 - **into a parameter**: the destination is model memory on the CPU, contiguous, in
   the stored dtype (the usual bf16 load, fused parts at their offsets, this rank's
-  rows under TP). It is the streamer's destination itself: the request is submitted
-  and the weight loader moves on at once, so the streamer's readers work ahead of the
-  loaders while the main thread maps the next names. Every such write has landed
+  rows under TP). It is the streamer's destination itself: the ranges are queued, sent
+  to the streamer with others in submissions of about 64 MiB, and the weight loader
+  moves on at once, so the streamer's readers work ahead of the loaders. Every such write has landed
   before the stream ends (:meth:`TensorReads.finish`), which is before ``load_weights``
   returns and anything reads a parameter.
+- **from an object store, into a parameter**: the same ranges, placed back to back in
+  a slot of the staging ring so the streamer joins neighbours into one request, and
+  copied into the parameters when the slot arrives (:mod:`.slot_batches`; a request
+  costs far more than a copy there);
 - **into other CPU memory of the stored dtype** (a quantize method's scratch, a
   :meth:`~loader.weights.CheckpointTensor.read`): the same, but waited for at once,
   since the caller uses the values next.
@@ -24,6 +28,7 @@ from loader.errors import LoadError
 from loader.weights import ReadStats
 
 from .range_reads import RangeReads, StreamerFailure, Submission
+from .slot_batches import SlotBatches
 from .staging import StagingRing, single_threaded
 
 if TYPE_CHECKING:
@@ -59,6 +64,7 @@ class TensorReads:
         self._starts = [start for start, _ in model_spans]
         self._failed = failed
         self._session: RangeReads | None = None
+        self._batches = SlotBatches(lambda: self.session, ring, lambda nbytes: self.stats.add(nbytes, 1))
 
     @property
     def session(self) -> RangeReads:
@@ -79,9 +85,15 @@ class TensorReads:
             self.stats.add(0, 1)
             return
         try:
-            if dest.device.type == "cpu" and dest.dtype == tensor.dtype and dest.is_contiguous():
-                self._direct(tensor, dest, wait=not self._in_model(dest))
+            direct = dest.device.type == "cpu" and dest.dtype == tensor.dtype and dest.is_contiguous()
+            into_model = direct and self._in_model(dest)
+            remote = "://" in tensor.source.path
+            if into_model and remote and self._batches.fits(tensor.nbytes):
+                self._batches.add(tensor.source.path, tensor.ranges(), dest)
+            elif direct:
+                self._direct(tensor, dest, wait=not into_model)
             elif dest.is_contiguous():
+                self._batches.drain()  # the ring's slots are free again before a piecewise read takes them
                 self._staged(tensor, dest)
             else:
                 values = self.read(tensor, dest.dtype if dest.device.type == "cpu" else None)
@@ -101,7 +113,7 @@ class TensorReads:
     def _direct(self, tensor: StreamedTensor, dest: torch.Tensor, *, wait: bool) -> None:
         ranges = tensor.ranges()
         submission = self.session.submit(tensor.source.path, ranges, dest.data_ptr(), keep=dest,
-                                         done=lambda: self.stats.add(ranges.nbytes, 1))
+                                         done=lambda: self.stats.add(ranges.nbytes, 1), batched=not wait)
         if wait:
             self.session.wait(submission)
 
@@ -137,6 +149,7 @@ class TensorReads:
         if self._session is None:
             return
         try:
+            self._batches.drain()
             self._session.wait()
         except StreamerFailure as exc:
             raise self._failed(exc) from exc
