@@ -94,7 +94,8 @@ def _tp_lines(tp: dict[str, Any] | None) -> list[str]:
     total = tp["checkpoint_bytes"]
     per_rank = ", ".join(f"rank {r['tp_rank']} read {r['bytes_read'] / 1e6:.1f} MB ({r['bytes_read'] / total:.3f} of "
                          f"the files)" for r in ranks)
-    return ["", f"tp=2 from `s3://` (one `torchrun` load, bf16): {per_rank}; the server sent "
+    return ["", f"tp=2 from `s3://` (one `torchrun` load, bf16, a {total / 1e9:.2f} GB checkpoint): {per_rank}; "
+            f"the server sent "
             f"{tp['served'] / 1e6:.1f} MB for the weight files ({tp['served'] / total:.3f} of their "
             f"{total / 1e6:.1f} MB; the ranks' reads plus each rank's headers: "
             f"{(tp['served'] - sum(r['bytes_read'] for r in ranks)) / 1e3:.1f} kB)."]
