@@ -58,7 +58,7 @@ KNOWN_PLUGINS: tuple[KnownPlugin, ...] = (
         "qwen",
         architectures=("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"),
     ),
-    KnownPlugin("runai", formats=("runai_streamer", "runai_streamer_sharded"), schemes=("s3",)),
+    KnownPlugin("runai", formats=("runai_streamer", "runai_streamer_sharded"), schemes=("s3", "gs", "az")),
     KnownPlugin("safetensors", formats=("safetensors", "pt")),
     KnownPlugin("tensorizer", formats=("tensorizer",), schemes=("http", "https")),
     KnownPlugin("transformers"),

@@ -214,10 +214,12 @@ def _defer(param: torch.Tensor, loaded: CheckpointTensor, where: Locate) -> bool
     A fused parameter's parts lie in the file at unrelated page phases (Qwen3's 128-byte ``q_norm`` sits
     between ``k_proj`` and ``q_proj``), and only parts congruent with where the region is placed can be mapped:
     placing it for a small first part (``k``) would copy the large ones (``q``, ``v``). Its bytes are read now
-    and written once the region is placed (or at :func:`write_pending`).
+    and written once the region is placed (or at :func:`write_pending`). A part with no
+    :class:`~loader.weights.FileSpan` is written at once: its format cannot map (a streamed tensor, a strided
+    shard), nor then can the fused parameter's other parts, so keeping it aside would only add a copy.
     """
     region = getattr(param, "_loader_region", None)
-    if not isinstance(region, _Region) or region.placed or not mapping_enabled():
+    if not isinstance(region, _Region) or region.placed or not mapping_enabled() or loaded.file_span() is None:
         return False
     region.pending.append((where, loaded.read(param.dtype)))
     return True

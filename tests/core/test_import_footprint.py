@@ -26,7 +26,10 @@ NOT_AT_DISCOVERY = (
     "platformdirs",
     "loader_plugin_runai.detection",
     "loader_plugin_runai.object_store",
-    "loader_plugin_runai.s3_folder",
+    "loader_plugin_runai.object_folder",
+    "loader_plugin_runai.stores",
+    "loader_plugin_runai.gcs_store",
+    "loader_plugin_runai.azure_store",
     "loader_plugin_runai.identity",
     "loader_plugin_runai.tensor",
 )
@@ -116,9 +119,9 @@ def test_the_quantization_packages_still_export_their_names_on_first_use(package
 @pytest.mark.needs_plugins
 def test_the_runai_package_still_exports_its_names_on_first_use() -> None:
     pytest.importorskip("loader_plugin_runai")
-    code = ("import json, sys, loader_plugin_runai as p; before = 'loader_plugin_runai.s3_folder' in sys.modules; "
+    code = ("import json, sys, loader_plugin_runai as p; before = 'loader_plugin_runai.object_folder' in sys.modules; "
             "names = [n for n in p.__all__ if getattr(p, n, None) is None]; "
-            "print(json.dumps([before, names, 'loader_plugin_runai.s3_folder' in sys.modules]))")
+            "print(json.dumps([before, names, 'loader_plugin_runai.object_folder' in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == [False, [], True]
 

@@ -1,7 +1,8 @@
-"""Fixtures: one moto S3 server for the module's tests, a fresh bucket per test, checkpoints to upload.
+"""Fixtures: one moto S3 server and one GCS emulator for the session, a fresh bucket per test, checkpoints.
 
-The server is real (moto in server mode on 127.0.0.1); the environment points
-boto3 and the Run:ai streamer at it for as long as a test runs.
+The servers are real (moto in server mode, gcp-storage-emulator, both on 127.0.0.1); the environment points
+the plugin's clients and the Run:ai streamer at them for as long as a test runs. Azurite (``az://``) has its
+fixtures in test_azure.py, the only module that needs it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.gcs_server import GcsEmulator, gcs_environment
 from tests.helpers.hf_checkpoints import save_checkpoint
 from tests.helpers.s3_server import CountingMotoServer, s3_environment
 
@@ -56,3 +58,28 @@ def llama_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("llama")
     save_checkpoint("llama", path)
     return path
+
+
+@pytest.fixture(scope="session")
+def gcs_server() -> Iterator[GcsEmulator]:
+    """One GCS emulator for the session (started in well under a second)."""
+    server = GcsEmulator()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def gcs_client(gcs_server: GcsEmulator, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A client of the shared emulator, with the variables pointing the plugin and the streamer at it."""
+    for name, value in gcs_environment(gcs_server.endpoint).items():
+        monkeypatch.setenv(name, value)
+    return gcs_server.client()
+
+
+@pytest.fixture
+def gcs_bucket(gcs_client: Any) -> str:
+    """A new empty bucket for this test."""
+    name = f"b-{uuid.uuid4().hex[:12]}"
+    gcs_client.create_bucket(name)
+    return name

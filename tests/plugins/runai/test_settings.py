@@ -24,8 +24,8 @@ def test_options_map_to_the_streamer_variables(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.delenv("RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING", raising=False)
     settings = StreamerSettings.from_options({"concurrency": "16", "memory_limit": "1GiB", "chunk_bytesize": 8 << 20})
     assert settings == StreamerSettings(concurrency=16, memory_limit=2**30, chunk_bytesize=8 << 20)
-    assert settings.environment() == {"RUNAI_STREAMER_CONCURRENCY": "16", "RUNAI_STREAMER_MEMORY_LIMIT": str(2**30),
-                                      "RUNAI_STREAMER_CHUNK_BYTESIZE": str(8 << 20)}
+    # memory_limit is the plugin's staging ring, not the streamer's ring (which direct reads do not use)
+    assert settings.environment() == {"RUNAI_STREAMER_CONCURRENCY": "16", "RUNAI_STREAMER_CHUNK_BYTESIZE": str(8 << 20)}
     assert StreamerSettings.from_options({}).environment() == {}
     assert StreamerSettings.from_options({"fs_strategy": "sync_buffered, io_uring_buffered"}).environment() == {
         "RUNAI_STREAMER_FS_STRATEGY": "sync_buffered,io_uring_buffered"}
@@ -34,11 +34,12 @@ def test_options_map_to_the_streamer_variables(monkeypatch: pytest.MonkeyPatch) 
 def test_applied_sets_then_restores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RUNAI_STREAMER_CONCURRENCY", "3")
     monkeypatch.delenv("RUNAI_STREAMER_MEMORY_LIMIT", raising=False)
-    with StreamerSettings(concurrency=9, memory_limit=-1).applied():
+    monkeypatch.delenv("RUNAI_STREAMER_CHUNK_BYTESIZE", raising=False)
+    with StreamerSettings(concurrency=9, chunk_bytesize=4096).applied():
         assert os.environ["RUNAI_STREAMER_CONCURRENCY"] == "9"
-        assert os.environ["RUNAI_STREAMER_MEMORY_LIMIT"] == "-1"
+        assert os.environ["RUNAI_STREAMER_CHUNK_BYTESIZE"] == "4096"
     assert os.environ["RUNAI_STREAMER_CONCURRENCY"] == "3"
-    assert "RUNAI_STREAMER_MEMORY_LIMIT" not in os.environ
+    assert "RUNAI_STREAMER_CHUNK_BYTESIZE" not in os.environ
 
 
 def test_custom_endpoint_gets_path_style_addressing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -54,7 +55,9 @@ def test_custom_endpoint_gets_path_style_addressing(monkeypatch: pytest.MonkeyPa
     ({"concurrency": "4k"}, r"'concurrency' must be a whole number, found '4k'"),
     ({"chunk_bytesize": True}, r"'chunk_bytesize' must be a number of bytes \(e.g. 1073741824 or '1GiB'\), found True"),
     ({"chunk_bytesize": "0"}, r"'chunk_bytesize' must be positive, found 0"),
-    ({"memory_limit": -5}, r"'memory_limit' must be -1 \(unlimited\), 0 or a number of bytes, found -5"),
+    ({"memory_limit": -5}, r"'memory_limit' must be at least 1048576 bytes \(1MiB\), or -1 or 0 for the "
+                           r"checkpoint's largest tensor, found -5"),
+    ({"memory_limit": "512KiB"}, r"'memory_limit' must be at least 1048576 bytes \(1MiB\), .* found 524288"),
     ({"memory_limit": "lots"}, r"'memory_limit' must be a number of bytes \(e.g. 1073741824 or '1GiB'\), found 'lots'"),
     ({"memory_limit": "2TiB"}, r"found '2TiB'"),
     ({"memory_limit": 1.5}, r"found 1.5"),
@@ -81,8 +84,8 @@ def test_cli_pairs() -> None:
             parse_format_options([bad])
 
 
-def test_memory_limit_below_the_largest_tensor(llama_checkpoint: Path) -> None:
-    with pytest.raises(UnsupportedError, match=r"format option 'memory_limit' is too small for this checkpoint"):
+def test_memory_limit_below_the_minimum_fails_the_load(llama_checkpoint: Path) -> None:
+    with pytest.raises(UnsupportedError, match=r"format option 'memory_limit' must be at least 1048576 bytes"):
         loader.load_model(str(llama_checkpoint), load_format="runai_streamer", format_options={"memory_limit": 1024})
 
 

@@ -14,10 +14,11 @@ from loader.lazy import lazy_exports
 if TYPE_CHECKING:
     from .errors import ObjectChangedError, StorageAccessError
     from .formats import FORMATS, RUNAI, RUNAI_SHARDED
+    from .object_folder import ObjectFolder, S3Folder
     from .object_store import ObjectInfo, ObjectStore
-    from .s3_folder import S3Folder
     from .settings import StreamerSettings
-    from .tensor import StreamedTensor, StreamSlot
+    from .stores import open_store
+    from .tensor import StreamedSource, StreamedTensor
     from .uri import ObjectUri, parse_object_uri
 
 __all__ = [
@@ -25,14 +26,16 @@ __all__ = [
     "RUNAI",
     "RUNAI_SHARDED",
     "ObjectChangedError",
+    "ObjectFolder",
     "ObjectInfo",
     "ObjectStore",
     "ObjectUri",
     "S3Folder",
     "StorageAccessError",
-    "StreamSlot",
+    "StreamedSource",
     "StreamedTensor",
     "StreamerSettings",
+    "open_store",
     "parse_object_uri",
 ]
 
@@ -44,9 +47,11 @@ __getattr__, __dir__ = lazy_exports(__name__, globals(), {
     "StorageAccessError": ".errors",
     "ObjectInfo": ".object_store",
     "ObjectStore": ".object_store",
-    "S3Folder": ".s3_folder",
+    "open_store": ".stores",
+    "ObjectFolder": ".object_folder",
+    "S3Folder": ".object_folder",
     "StreamerSettings": ".settings",
-    "StreamSlot": ".tensor",
+    "StreamedSource": ".tensor",
     "StreamedTensor": ".tensor",
     "ObjectUri": ".uri",
     "parse_object_uri": ".uri",

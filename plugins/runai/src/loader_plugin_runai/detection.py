@@ -1,13 +1,13 @@
 """Which files a load streams: ``runai_streamer`` shards (filtered by the index) or this rank's sharded state.
 
-On ``s3://`` this plugin is the only reader, so it answers ``auto`` too
+On ``s3://``, ``gs://`` and ``az://`` this plugin is the only reader, so it answers ``auto`` too
 (``runai_streamer``, or ``runai_streamer_sharded`` when the prefix holds a
 ``sharded_state.json`` marker, as the core does for local folders). Locally
 it answers only when asked by name: the safetensors plugin reads local files
 faster by mapping them.
 
 The core applies the index's ``weight_map`` and drops training artifacts for
-both (an ``s3://`` source's index is read through its reader, :mod:`.s3_folder`).
+both (an object store's index is read through its reader, :mod:`.object_folder`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from loader.errors import SourceNotFoundError
 
 from .formats import FORMATS, RUNAI, RUNAI_SHARDED
 from .identity import local_snapshot, object_snapshot
-from .s3_folder import S3Folder
+from .object_folder import ObjectFolder
 from .sharded import MARKER, rank_part_names
 
 __all__ = ["FORMATS", "RUNAI", "RUNAI_SHARDED", "detect_local", "detect_remote"]
@@ -37,7 +37,7 @@ def _index_name(names: list[str]) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-def _remote_sharded(folder: S3Folder, rank: int, tp_size: int) -> WeightFormat:
+def _remote_sharded(folder: ObjectFolder, rank: int, tp_size: int) -> WeightFormat:
     where = str(folder)
     if not folder.has(MARKER):
         raise SourceNotFoundError(
@@ -52,7 +52,7 @@ def _remote_sharded(folder: S3Folder, rank: int, tp_size: int) -> WeightFormat:
 def detect_remote(source: Source, requested: str, rank: int, tp_size: int) -> WeightFormat | None:
     """The format of an ``s3://`` source, or ``None`` for other sources and formats this plugin does not own."""
     folder = source.reader
-    if not isinstance(folder, S3Folder) or requested not in ("auto", "safetensors", *FORMATS):
+    if not isinstance(folder, ObjectFolder) or requested not in ("auto", "safetensors", *FORMATS):
         return None
     if requested == RUNAI_SHARDED or (requested == "auto" and folder.has(MARKER)):
         return _remote_sharded(folder, rank, tp_size)

@@ -10,10 +10,9 @@ RUNAI = "runai_streamer"
 RUNAI_SHARDED = "runai_streamer_sharded"
 FORMATS = (RUNAI, RUNAI_SHARDED)
 
-SCHEMES = ("s3",)
-"""Schemes this plugin resolves. The streamer also speaks ``gs://`` and ``az://`` through its other
-backends; S3-compatible stores (MinIO, GCS's interoperability endpoint, moto) work as ``s3://`` with
-``AWS_ENDPOINT_URL``."""
+SCHEMES = ("s3", "gs", "az")
+"""Schemes this plugin resolves, each through the streamer's backend for it (``gs://`` and ``az://`` with the
+``gcs`` / ``azure`` extras); S3-compatible stores (MinIO, moto) work as ``s3://`` with ``AWS_ENDPOINT_URL``."""
 
 
 def is_object_uri(location: str) -> bool:

@@ -18,13 +18,13 @@ from loader.checkpoint import SafetensorsHeader, read_safetensors_file_header, r
 from loader.weights import HeaderOnlyTensor, ReadStats
 
 from .identity import Snapshot
-from .object_store import ObjectStore
+from .stores import Store, open_store
 from .uri import parse_object_uri
 
 __all__ = ["iter_declared_tensors", "read_headers"]
 
 
-def _object_header(file: str, store: ObjectStore, size: int, stats: ReadStats | None) -> SafetensorsHeader:
+def _object_header(file: str, store: Store, size: int, stats: ReadStats | None) -> SafetensorsHeader:
     name = file[len(store.uri.join("")):]
 
     def read_range(start: int, length: int) -> bytes:
@@ -53,7 +53,7 @@ def read_headers(files: Sequence[str], snapshot: Snapshot | None,
             yield _object_header(file, snapshot.store, snapshot.files[file].size, stats)
             continue
         prefix, _, name = file.rpartition("/")  # not listed by this load: one client and a HEAD for it
-        store = ObjectStore(parse_object_uri(prefix))
+        store = open_store(parse_object_uri(prefix))
         yield _object_header(file, store, store.head(name).size, stats)
 
 

@@ -19,7 +19,8 @@ import attrs
 from loader.errors import SourceNotFoundError
 
 from .errors import ObjectChangedError
-from .object_store import ObjectInfo, ObjectStore
+from .object_store import ObjectInfo
+from .stores import Store, open_store
 from .uri import ObjectUri
 
 __all__ = ["FileIdentity", "Snapshot", "local_snapshot", "object_snapshot"]
@@ -40,7 +41,7 @@ class Snapshot:
     files: Mapping[str, FileIdentity]
     uri: ObjectUri | None = None
     """The prefix the files are under, for ``s3://`` snapshots; ``None`` for local files."""
-    store: ObjectStore | None = attrs.field(default=None, eq=False, repr=False)
+    store: Store | None = attrs.field(default=None, eq=False, repr=False)
     """The client that listed the prefix, asked again by :meth:`verify` and used to read headers:
     one client per prefix for the whole load, not one per check."""
 
@@ -49,7 +50,7 @@ class Snapshot:
         kept = set(files)
         return Snapshot({f: i for f, i in self.files.items() if f in kept}, self.uri, self.store)
 
-    def current(self, file: str, store: ObjectStore | None) -> FileIdentity | None:
+    def current(self, file: str, store: Store | None) -> FileIdentity | None:
         """The file's identity now, or ``None`` if it is gone."""
         if store is None:
             try:
@@ -69,7 +70,7 @@ class Snapshot:
         """Raise :class:`ObjectChangedError` naming the first file that changed since it was listed."""
         store = self.store
         if self.uri is not None and store is None:
-            store = ObjectStore(self.uri)
+            store = open_store(self.uri)
         for file, was in self.files.items():
             now = self.current(file, store)
             if now is None:
@@ -86,7 +87,7 @@ class Snapshot:
                 )
 
 
-def object_snapshot(store: ObjectStore, listing: Mapping[str, ObjectInfo], names: list[str]) -> Snapshot:
+def object_snapshot(store: Store, listing: Mapping[str, ObjectInfo], names: list[str]) -> Snapshot:
     """The snapshot of ``names`` (under the store's prefix) from the listing ``store`` took."""
     uri = store.uri
     return Snapshot({uri.join(n): FileIdentity(listing[n].size, listing[n].etag) for n in names}, uri, store)

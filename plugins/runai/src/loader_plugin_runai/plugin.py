@@ -14,6 +14,8 @@ from loader.hookspecs import hookimpl
 from .formats import FORMATS, is_object_uri
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from loader.checkpoint import LoadOptions, Source, WeightFormat
     from loader.weights import ReadStats, WeightStream
 
@@ -29,10 +31,10 @@ def loader_resolve_source(location: str, options: LoadOptions) -> Source | None:
         return None
     from loader.checkpoint import Source
 
-    from .s3_folder import S3Folder
+    from .object_folder import ObjectFolder
     from .uri import parse_object_uri
 
-    folder = S3Folder(parse_object_uri(location))
+    folder = ObjectFolder(parse_object_uri(location))
     return Source(location=location, path=None, uri=str(folder.uri), revision=options.revision, reader=folder)
 
 
@@ -56,7 +58,7 @@ def loader_detect_format(source: Source, requested: str) -> WeightFormat | None:
 
 @hookimpl
 def loader_iter_weights(
-    source: Source, weight_format: WeightFormat, options: LoadOptions, stats: ReadStats
+    source: Source, weight_format: WeightFormat, options: LoadOptions, stats: ReadStats, model: nn.Module
 ) -> WeightStream | None:
     """Stream this plugin's formats; with ``options.headers_only``, headers alone (``loader inspect``)."""
     if weight_format.name not in FORMATS:
@@ -72,4 +74,5 @@ def loader_iter_weights(
     from .stream import iter_streamed_weights
 
     settings = StreamerSettings.from_options(options.format_options)
-    return iter_streamed_weights(weight_format.files, settings, stats, where=source.display(), snapshot=snapshot)
+    return iter_streamed_weights(weight_format.files, settings, stats, where=source.display(), snapshot=snapshot,
+                                 model=model)

@@ -1,17 +1,19 @@
-"""The streamer's tuning knobs as load options: concurrency, memory limit, chunk size.
+"""The streamer's tuning knobs as load options: concurrency, chunk size, read strategy, staging memory.
 
 They arrive as ``load_model(..., format_options={...})`` (``--format-option
 KEY=VALUE`` on the CLI). The streamer reads its settings from environment
 variables when a stream starts, so :meth:`StreamerSettings.applied` sets
 those for the duration of one stream and restores them afterwards; an option
 left unset keeps whatever the environment (or the streamer's default) says.
+``memory_limit`` is this plugin's own: the size of the staging ring
+(:mod:`.staging`), the only buffer a load holds besides the parameters.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -19,17 +21,21 @@ import attrs
 
 from loader.errors import UnsupportedError
 
+from .gcs_store import emulator_endpoint
 from .object_store import uses_path_style
+from .staging import MIN_LIMIT, default_limit
 
-__all__ = ["ENV_NAMES", "StreamerSettings", "parse_byte_size"]
+__all__ = ["ENV_NAMES", "OPTIONS", "StreamerSettings", "parse_byte_size"]
 
 ENV_NAMES = {
     "concurrency": "RUNAI_STREAMER_CONCURRENCY",
-    "memory_limit": "RUNAI_STREAMER_MEMORY_LIMIT",
     "chunk_bytesize": "RUNAI_STREAMER_CHUNK_BYTESIZE",
     "fs_strategy": "RUNAI_STREAMER_FS_STRATEGY",
 }
 """Option name -> the streamer's environment variable."""
+
+OPTIONS = ("concurrency", "memory_limit", "chunk_bytesize", "fs_strategy")
+"""Every option, in the order messages list them."""
 
 FS_STRATEGIES = ("io_uring_direct", "io_uring_buffered", "libaio_direct", "sync_buffered")
 """How the streamer reads local files, in the order it tries them (its default:
@@ -68,7 +74,8 @@ class StreamerSettings:
     concurrency: int | None = None
     """Threads reading files (local) or S3 clients open at once."""
     memory_limit: int | None = None
-    """Bytes of CPU buffer the streamer may hold: ``-1`` unlimited, ``0`` one tensor at a time."""
+    """Bytes of the staging ring (:mod:`.staging`); unset, ``-1`` or ``0``: the largest tensor (at least 128 MiB
+    from an object store)."""
     chunk_bytesize: int | None = None
     """Bytes each read request asks for."""
     fs_strategy: str | None = None
@@ -77,11 +84,11 @@ class StreamerSettings:
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> StreamerSettings:
         """Validate ``format_options``; an unknown key or a bad value names it and what is allowed."""
-        unknown = sorted(set(options) - set(ENV_NAMES))
+        unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
             raise UnsupportedError(
                 f"unknown format option(s) {', '.join(map(repr, unknown))} for the Run:ai streamer; "
-                f"known: {', '.join(ENV_NAMES)}"
+                f"known: {', '.join(OPTIONS)}"
             )
         values: dict[str, Any] = {}
         for name, raw in options.items():
@@ -93,18 +100,31 @@ class StreamerSettings:
                 raise UnsupportedError(f"format option 'concurrency' must be between 1 and 1024, found {value}")
             if name == "chunk_bytesize" and value < 1:
                 raise UnsupportedError(f"format option 'chunk_bytesize' must be positive, found {value}")
-            if name == "memory_limit" and value < -1:
+            if name == "memory_limit" and value not in (-1, 0) and value < MIN_LIMIT:
                 raise UnsupportedError(
-                    f"format option 'memory_limit' must be -1 (unlimited), 0 or a number of bytes, found {value}"
+                    f"format option 'memory_limit' must be at least {MIN_LIMIT} bytes (1MiB), or -1 or 0 for "
+                    f"the checkpoint's largest tensor, found {value}"
                 )
             values[name] = value
         return cls(**values)
 
+    def ring_bytes(self, tensor_bytes: Sequence[int], remote: bool = False) -> int:
+        """The staging ring's size for a stream of tensors of ``tensor_bytes``: the option, else
+        :func:`~.staging.default_limit`."""
+        if self.memory_limit is None or self.memory_limit in (-1, 0):
+            return default_limit(tensor_bytes, remote)
+        return self.memory_limit
+
     def environment(self) -> dict[str, str]:
-        """The variables this stream sets: the options given, plus path-style addressing for custom endpoints."""
-        env = {ENV_NAMES[name]: str(value) for name, value in attrs.asdict(self).items() if value is not None}
+        """The variables this stream sets: the options given, plus path-style addressing for custom S3 endpoints
+        and ``STORAGE_EMULATOR_HOST`` as the streamer's GCS backend spells it."""
+        env = {ENV_NAMES[name]: str(value) for name, value in attrs.asdict(self).items()
+               if value is not None and name in ENV_NAMES}
         if uses_path_style() and "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING" not in os.environ:
             env["RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING"] = "0"
+        gcs_emulator = emulator_endpoint()
+        if gcs_emulator is not None and "CLOUD_STORAGE_EMULATOR_ENDPOINT" not in os.environ:
+            env["CLOUD_STORAGE_EMULATOR_ENDPOINT"] = gcs_emulator  # the streamer's GCS backend's name for it
         return env
 
     @contextmanager

@@ -1,32 +1,32 @@
-"""The weight iterator: every tensor of a list of safetensors files, through the Run:ai streamer.
+"""The weight iterator: every tensor of a list of safetensors files, read through the Run:ai streamer.
 
-One ``stream_files`` call covers all the files, so the streamer's readers
-(threads locally, S3 clients remotely) work across file boundaries; tensors
-arrive in whatever order their reads finish. Each is yielded as a
-:class:`~loader_plugin_runai.tensor.StreamedTensor` and released (copied out
-or dropped, see :mod:`.tensor`) before the streamer is asked for the next,
-since its buffer is then reused. Every fetched byte is added to the load's
-``ReadStats``. Every header is first checked by the core's safetensors parser
-(:mod:`.headers`), so a malformed file is refused as the local reader refuses
-it, before anything is streamed. Once the stream ends, the files' identities are checked
-against the listing (:mod:`.identity`); a streamer failure becomes a
-:class:`~loader.errors.LoadError` naming the source and, when a file changed
-under the load, which one.
+Every header is first checked by the core's safetensors parser (:mod:`.headers`),
+so a malformed file is refused as the local reader refuses it, before a byte of
+tensor data moves. Then each tensor is yielded as an unread
+:class:`~loader_plugin_runai.tensor.StreamedTensor`, in file order: the weight
+loaders narrow it to this rank's shard, and the streamer writes exactly those
+bytes into the parameter (:mod:`.tensor_reads`). The stream ends once every such
+write has landed, then the files' identities are checked against the listing
+(:mod:`.identity`). A streamer failure becomes a :class:`~loader.errors.LoadError`
+naming the source and, when a file changed under the load, which one.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterator, Sequence
+from typing import Any
 
-from loader.errors import CheckpointFormatError, LoadError, UnsupportedError
+from loader.errors import CheckpointFormatError, LoadError
 from loader.weights import ReadStats
 
 from .errors import ObjectChangedError, StorageAccessError
 from .headers import read_headers
 from .identity import Snapshot
+from .range_reads import claim_backend
 from .settings import StreamerSettings
-from .tensor import StreamedTensor, StreamSlot
+from .staging import StagingRing
+from .tensor import StreamedSource, StreamedTensor
+from .tensor_reads import TensorReads, model_memory
 
 __all__ = ["iter_streamed_weights"]
 
@@ -48,13 +48,6 @@ def _failure(where: str, remote: bool, snapshot: Snapshot | None, exc: BaseExcep
     """The error for a streamer failure: a changed file if one changed, else the streamer's reason."""
     if isinstance(exc, LoadError):
         return exc
-    from runai_model_streamer.file_streamer.requests_iterator import RunaiStreamerMemoryLimitException
-
-    if isinstance(exc, RunaiStreamerMemoryLimitException):
-        return UnsupportedError(
-            f"{where}: format option 'memory_limit' is too small for this checkpoint: {exc} "
-            "(use at least its largest tensor, 0 for one tensor at a time, or -1 for no limit)"
-        )
     changed = _changed(snapshot)
     if changed is not None:
         return changed
@@ -64,68 +57,40 @@ def _failure(where: str, remote: bool, snapshot: Snapshot | None, exc: BaseExcep
     return CheckpointFormatError(f"{where}: the Run:ai streamer could not read the files: {reason}")
 
 
-def _owners(streamer: object, files: Sequence[str]) -> dict[str, str]:
-    """Tensor name -> file, from the headers the streamer read (for messages)."""
-    owners: dict[str, str] = {}
-    table = getattr(streamer, "files_to_tensors_metadata", {})
-    for index, metas in table.items():
-        for meta in metas:
-            owners[str(meta.name)] = files[index]
-    return owners
-
-
 def iter_streamed_weights(
     files: Sequence[str], settings: StreamerSettings, stats: ReadStats, *, where: str,
-    snapshot: Snapshot | None = None,
+    snapshot: Snapshot | None = None, model: Any = None,
 ) -> Iterator[tuple[str, StreamedTensor]]:
-    """Yield ``(name, StreamedTensor)`` for every tensor of ``files``, fetching each byte once.
+    """Yield ``(name, StreamedTensor)`` for every tensor of ``files``; each read fetches only its bytes.
 
-    :param files: local paths or ``s3://`` URIs (one kind per call, as the streamer requires).
-    :param settings: concurrency, memory limit and chunk size for this stream.
+    :param files: local paths or object URIs (one kind per call, as the streamer requires).
+    :param settings: concurrency, staging ring size and chunk size for this stream.
     :param stats: where fetched bytes are counted.
     :param where: how messages name the source.
     :param snapshot: the files' identities when listed, checked again at the end.
+    :param model: the model being loaded: reads into its memory are not waited for one by one.
     """
-    from runai_model_streamer import SafetensorsStreamer
-
     remote = any("://" in f for f in files)
     try:
-        for _ in read_headers(files, snapshot):  # the format's rules, before the streamer reads a byte
-            pass
+        headers = list(read_headers(files, snapshot))  # the format's rules, before the streamer reads a byte
     except LoadError as exc:
         changed = _changed(snapshot)  # a file replaced or cut since it was listed says so, not its torn header
         if changed is None:
             raise
         raise changed from exc
-    with settings.applied(), SafetensorsStreamer() as streamer:
+    if remote:  # after the headers, which the store's own client reads
+        claim_backend(files[0].partition("://")[0], where)
+    sizes = [info.nbytes for header in headers for info in header.tensors.values()]
+    ring = StagingRing(settings.ring_bytes(sizes, remote))
+    reads = TensorReads(stats, ring, model_memory(model),
+                        lambda exc: _failure(where, remote, snapshot, exc))
+    with settings.applied():
         try:
-            streamer.stream_files(list(files), device="cpu", owned=False)
-        except Exception as exc:
-            raise _failure(where, remote, snapshot, exc) from exc
-        owners = _owners(streamer, files)
-        tensors = streamer.get_tensors()
-        last: weakref.ref[StreamSlot] | None = None
-        try:
-            while True:
-                try:
-                    name, values = next(tensors)
-                except StopIteration:
-                    break
-                except Exception as exc:
-                    raise _failure(where, remote, snapshot, exc) from exc
-                stats.add(values.numel() * values.element_size(), 1)
-                slot = StreamSlot(values, name, owners.get(name, where))
-                del values
-                last = weakref.ref(slot)
-                yield name, StreamedTensor(slot)
-                del slot
-                held = last()
-                if held is not None:
-                    held.release()
+            for file, header in zip(files, headers, strict=True):
+                for name, info in sorted(header.tensors.items(), key=lambda item: item[1].begin):
+                    yield name, StreamedTensor(StreamedSource(file, info, reads))
+            reads.finish()
         finally:
-            held = last() if last is not None else None
-            if held is not None:
-                held.release()
-            tensors.close()
+            reads.close()
     if snapshot is not None:
         snapshot.verify()

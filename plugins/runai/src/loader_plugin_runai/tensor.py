@@ -1,79 +1,50 @@
-"""Tensors handed out while they still sit in the streamer's reused buffers.
+"""A streamed checkpoint tensor: a header entry, narrowed for free, read by the streamer when asked.
 
-The streamer runs with ``owned=False``: each tensor it yields is a view into a
-ring buffer that it refills once the stream advances (vLLM once shipped
-corrupted weights by keeping such views). A :class:`StreamedTensor` is a
-handle on one :class:`StreamSlot`; the stream calls :meth:`StreamSlot.release`
-before it asks the streamer for the next tensor, and then
-
-- a slot nobody read yet is copied out whole into memory of its own, so a
-  consumer that holds handles across steps (a quantization bundling side
-  tensors) still reads the right values later;
-- a slot that was read is dropped: the common path (a weight loader narrows
-  and reads at once) copies only this rank's rows, straight into the
-  parameter, and never pays for a second copy. Reading it again afterwards
-  raises instead of returning whatever the buffer holds by then.
+Nothing is fetched when the stream yields a handle. A weight loader narrows it to
+this rank's shard (a change to the byte ranges only) and reads it into the
+parameter; :mod:`.tensor_reads` then asks the streamer for exactly those ranges
+with the parameter's own memory as their destination. A handle may be kept and
+read later, or read twice: every read fetches its bytes again.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import attrs
+
+from loader.checkpoint import SafetensorsTensorInfo
 from loader.weights import CheckpointTensor
+
+from .ranges import ByteRanges, Narrow, byte_ranges
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["StreamSlot", "StreamedTensor"]
+    from .tensor_reads import TensorReads
+
+__all__ = ["StreamedSource", "StreamedTensor"]
 
 
-class StreamSlot:
-    """One tensor's values while the stream is on it; see the module docstring for what release does."""
+@attrs.frozen
+class StreamedSource:
+    """One header entry of one file, and the session that reads it."""
 
-    def __init__(self, values: torch.Tensor, name: str, file: str) -> None:
-        self.name = name
-        self.file = file
-        self.shape = tuple(values.shape)
-        self.dtype = values.dtype
-        self._values: torch.Tensor | None = values
-        self._owned = False
-        self.reads = 0
-
-    @property
-    def owned(self) -> bool:
-        """Whether the values were copied out of the streamer's buffer."""
-        return self._owned
-
-    def values(self) -> torch.Tensor:
-        """The values; raises once the stream moved past a slot that had already been read."""
-        if self._values is None:
-            raise RuntimeError(
-                f"tensor {self.name!r} in {self.file} was read again after the Run:ai stream moved past it; "
-                "its buffer has been reused (read a streamed tensor once, or keep it unread until needed)"
-            )
-        self.reads += 1
-        return self._values
-
-    def release(self) -> None:
-        """The stream is about to advance: copy out an unread slot, drop a read one."""
-        if self._owned or self._values is None:
-            return
-        if self.reads:
-            self._values = None
-        else:
-            self._values = self._values.clone()
-            self._owned = True
+    path: str
+    """What the streamer reads: a local path or an object URI."""
+    info: SafetensorsTensorInfo
+    reads: TensorReads = attrs.field(eq=False, repr=False)
 
 
 class StreamedTensor(CheckpointTensor):
-    """A (possibly narrowed) handle on a :class:`StreamSlot`; narrowing is a view, reading copies."""
+    """A (possibly narrowed) handle on a :class:`StreamedSource`; narrowing reads nothing."""
 
-    def __init__(self, slot: StreamSlot, narrows: tuple[tuple[int, int, int], ...] = ()) -> None:
-        self.slot = slot
+    def __init__(self, source: StreamedSource, narrows: tuple[Narrow, ...] = ()) -> None:
+        self.source = source
         self.narrows = narrows
-        self.name = slot.name
-        self.file = slot.file
-        shape = list(slot.shape)
+        self.name = source.info.name
+        self.file = source.path
+        shape = list(source.info.shape)
         for dim, _, length in narrows:
             shape[dim] = length
         self._shape = tuple(shape)
@@ -84,28 +55,28 @@ class StreamedTensor(CheckpointTensor):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.slot.dtype
+        return self.source.info.dtype.torch_dtype()
+
+    @property
+    def stored_type(self) -> str:
+        return self.source.info.dtype.torch_name
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel() * self.source.info.dtype.itemsize
+
+    def ranges(self) -> ByteRanges:
+        """The file bytes this handle's values are, in row-major order."""
+        info = self.source.info
+        return byte_ranges(info.begin, info.shape, info.dtype.itemsize, self.narrows)
 
     def narrow(self, dim: int, start: int, length: int) -> StreamedTensor:
         dim = self.check_narrow(dim, start, length)
-        return StreamedTensor(self.slot, (*self.narrows, (dim, start, length)))
-
-    def _view(self) -> torch.Tensor:
-        view = self.slot.values()
-        for dim, start, length in self.narrows:
-            view = view.narrow(dim, start, length)
-        return view
+        return StreamedTensor(self.source, (*self.narrows, (dim, start, length)))
 
     def read(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        import torch
-
-        out = torch.empty(self.shape, dtype=dtype or self.dtype)
-        out.copy_(self._view())
-        return out
+        return self.source.reads.read(self, dtype)
 
     def read_into(self, out: torch.Tensor) -> None:
-        import torch
-
         self.check_destination(out)
-        with torch.no_grad():
-            out.detach().copy_(self._view())
+        self.source.reads.read_into(self, out)

@@ -1,4 +1,5 @@
-"""``s3://bucket/prefix`` locations, parsed once and joined with file names.
+"""``s3://bucket/prefix`` (and ``gs://bucket/prefix``, ``az://container/prefix``) locations, parsed once and
+joined with file names.
 
 The prefix is treated as a folder: ``s3://bucket/models/llama`` and
 ``s3://bucket/models/llama/`` name the same checkpoint, and its files are the

@@ -1,4 +1,5 @@
-"""An ``s3://`` prefix as a checkpoint folder: the core's :class:`~loader.checkpoint.SourceReader` for S3.
+"""An object-store prefix as a checkpoint folder: the core's :class:`~loader.checkpoint.SourceReader` for
+``s3://``, ``gs://`` and ``az://``.
 
 The core lists a remote source's files and reads its small ones
 (``config.json``, the index, the tokenizer files) through the reader its
@@ -11,18 +12,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .object_store import ObjectInfo, ObjectStore
+from .object_store import ObjectInfo
+from .stores import Store, open_store
 from .uri import ObjectUri, parse_object_uri
 
-__all__ = ["S3Folder"]
+__all__ = ["ObjectFolder", "S3Folder"]
 
 
-class S3Folder:
+class ObjectFolder:
     """The objects directly under one prefix (sub-prefixes such as ``original/`` are not listed)."""
 
-    def __init__(self, location: str | ObjectUri, store: ObjectStore | None = None) -> None:
+    def __init__(self, location: str | ObjectUri, store: Store | None = None) -> None:
         self.uri = location if isinstance(location, ObjectUri) else parse_object_uri(location)
-        self.store = store if store is not None else ObjectStore(self.uri)
+        self.store = store if store is not None else open_store(self.uri)
         self._listing: dict[str, ObjectInfo] | None = None
 
     def __str__(self) -> str:
@@ -46,3 +48,7 @@ class S3Folder:
         if "/" not in name and not self.has(name):
             return None
         return self.store.read_head(name, limit + 1)
+
+
+S3Folder = ObjectFolder
+"""The name this reader had when it read ``s3://`` only."""
