@@ -27,7 +27,7 @@
 
 #define MAX_HALF 32 /* block_n / 2 for block_n 64 (AVX-512 builds) or 32 (AVX2) */
 
-int loader_repack_abi(void) { return 2; }
+int loader_repack_abi(void) { return 3; }
 
 int loader_repack_simd(void) { return LOADER_REPACK_SSE2; }
 
@@ -178,5 +178,66 @@ void loader_q4_scales_bf16(const uint8_t *src, const int64_t *rows, int64_t row_
             }
             memcpy(dst + (g * dst_rows + row_offset + first) * 2, pairs, (size_t)count * 4);
         }
+    }
+}
+
+/*
+ * 4-bit codes packed eight to a 32-bit word (GPTQ, AWQ, compressed-tensors) straight into torch's layout, every
+ * code unpacked in registers (no byte per code in memory). Code (k, n) of the weight (k: input feature, n: output
+ * feature) is (word >> shifts[i]) & 15 of the word at
+ *   along_n == 0 (packed along the input: GPTQ [K/8, N], compressed-tensors [N, K/8]):
+ *       words[(k / 8) * k_stride + n * n_stride], i = k % 8;
+ *   along_n == 1 (packed along the output: AWQ [K, N/8]): words[k * k_stride + (n / 8) * n_stride], i = n % 8.
+ * Strides are in words. n is a multiple of 16 and k of 8; the rows past the last whole block of block_n (a
+ * multiple of 16) are stored as [K, T / 2] bytes pairing adjacent rows, as torch does. dst: n * k / 2 bytes.
+ */
+static inline uint8_t nibble(uint32_t word, int shift) { return (uint8_t)((word >> shift) & 15u); }
+
+static void words_along_k(const uint32_t *words, int64_t k_stride, int64_t n_stride, const uint8_t *shifts,
+                          int64_t first, int64_t second, int64_t pairs, int64_t step, int64_t k, uint8_t *dst) {
+    /* output byte (kk, j) = code(kk, first + j * step) | code(kk, second + j * step) << 4 for j < pairs */
+    uint32_t lo[MAX_HALF], hi[MAX_HALF];
+    for (int64_t k8 = 0; k8 < k / 8; k8++) {
+        const uint32_t *row = words + k8 * k_stride;
+        for (int64_t j = 0; j < pairs; j++) {
+            lo[j] = row[(first + j * step) * n_stride];
+            hi[j] = row[(second + j * step) * n_stride];
+        }
+        for (int i = 0; i < 8; i++) {
+            uint8_t *out = dst + (k8 * 8 + i) * pairs;
+            const int shift = shifts[i];
+            for (int64_t j = 0; j < pairs; j++) out[j] = (uint8_t)(nibble(lo[j], shift) | (nibble(hi[j], shift) << 4));
+        }
+    }
+}
+
+static void words_along_n(const uint32_t *words, int64_t k_stride, int64_t n_stride, const uint8_t *shifts,
+                          int64_t first, int64_t second, int64_t pairs, int64_t step, int64_t k, uint8_t *dst) {
+    for (int64_t kk = 0; kk < k; kk++) {
+        const uint32_t *row = words + kk * k_stride;
+        uint8_t *out = dst + kk * pairs;
+        for (int64_t j = 0; j < pairs; j++) {
+            const int64_t a = first + j * step, b = second + j * step;
+            out[j] = (uint8_t)(nibble(row[(a >> 3) * n_stride], shifts[a & 7]) |
+                               (nibble(row[(b >> 3) * n_stride], shifts[b & 7]) << 4));
+        }
+    }
+}
+
+void loader_int4pack_words(const uint32_t *words, int64_t k_stride, int64_t n_stride, int along_n,
+                           const uint8_t *shifts, int64_t n, int64_t k, int64_t block_n, uint8_t *dst) {
+    const int64_t half = block_n / 2, full = n / block_n * block_n;
+    for (int64_t b = 0; b < full / block_n; b++) {
+        const int64_t first = b * block_n;
+        uint8_t *out = dst + b * k * half;
+        if (along_n) words_along_n(words, k_stride, n_stride, shifts, first, first + half, half, 1, k, out);
+        else words_along_k(words, k_stride, n_stride, shifts, first, first + half, half, 1, k, out);
+    }
+    /* the tail pairs adjacent rows, at most (block_n - 16) / 2 pairs: within MAX_HALF */
+    const int64_t tail_pairs = (n - full) / 2;
+    if (tail_pairs) {
+        uint8_t *out = dst + full * k / 2;
+        if (along_n) words_along_n(words, k_stride, n_stride, shifts, full, full + 1, tail_pairs, 2, k, out);
+        else words_along_k(words, k_stride, n_stride, shifts, full, full + 1, tail_pairs, 2, k, out);
     }
 }
