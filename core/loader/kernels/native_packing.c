@@ -27,7 +27,7 @@
 
 #define MAX_HALF 32 /* block_n / 2 for block_n 64 (AVX-512 builds) or 32 (AVX2) */
 
-int loader_repack_abi(void) { return 3; }
+int loader_repack_abi(void) { return 4; }
 
 int loader_repack_simd(void) { return LOADER_REPACK_SSE2; }
 
@@ -239,5 +239,80 @@ void loader_int4pack_words(const uint32_t *words, int64_t k_stride, int64_t n_st
         uint8_t *out = dst + full * k / 2;
         if (along_n) words_along_n(words, k_stride, n_stride, shifts, full, full + 1, tail_pairs, 2, k, out);
         else words_along_k(words, k_stride, n_stride, shifts, full, full + 1, tail_pairs, 2, k, out);
+    }
+}
+
+/*
+ * Q4_K codes (a 256-column super-block holds four runs of 32 bytes; byte p of run i holds column 64 i + p in its
+ * low nibble and 64 i + 32 + p in its high one) into torch's layout. src: row r, super-block s's codes at
+ * src + r * row_stride + s * block_stride; rows (NULL: in order) as for loader_int4pack_half_split.
+ * dst: blocks * superblocks * 256 * block_n / 2 bytes.
+ */
+void loader_int4pack_q4_k(const uint8_t *src, const int64_t *rows, int64_t row_stride, int64_t block_stride,
+                          int64_t blocks, int64_t superblocks, int64_t block_n, uint8_t *dst) {
+    const int half = (int)(block_n / 2);
+    const int64_t k = superblocks * 256;
+    uint8_t lo[16][MAX_HALF], hi[16][MAX_HALF];
+    int64_t first[MAX_HALF], second[MAX_HALF];
+    for (int64_t b = 0; b < blocks; b++) {
+        row_offsets(rows, row_stride, b * block_n, half, first);
+        row_offsets(rows, row_stride, b * block_n + half, half, second);
+        uint8_t *block = dst + b * k * half;
+        for (int64_t s = 0; s < superblocks; s++) {
+            for (int run = 0; run < 8; run++) { /* 16 bytes at a time: run / 2 is the 32-byte run, run % 2 its half */
+                const int64_t offset = s * block_stride + run * 16;
+                gather_columns(src + offset, first, half, lo);
+                gather_columns(src + offset, second, half, hi);
+                const int64_t column = s * 256 + (run / 2) * 64 + (run % 2) * 16;
+                uint8_t *low_columns = block + column * half;          /* columns column + p */
+                uint8_t *high_columns = low_columns + 32 * half;        /* columns column + 32 + p */
+                for (int p = 0; p < 16; p++) {
+                    for (int j = 0; j < half; j++) {
+                        low_columns[p * half + j] = (uint8_t)((lo[p][j] & 0x0F) | (hi[p][j] << 4));
+                        high_columns[p * half + j] = (uint8_t)((lo[p][j] >> 4) | (hi[p][j] & 0xF0));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/*
+ * Torch's scales and zeros [groups, dst_rows, 2] (w = (q - 8) s + z) for rows row_offset .. row_offset + count of
+ * Q4_K super-blocks (d, dmin: float16; twelve bytes of eight 6-bit scales sc and mins m; 8 groups of 32):
+ * s = d sc, z = -(dmin m) + 8 s in float32 (the products are exact, z is rounded once), stored as bfloat16
+ * (bf16 != 0) or float32. src: row r, super-block s at src + r * row_stride + s * block_stride.
+ */
+void loader_q4_k_scales(const uint8_t *src, const int64_t *rows, int64_t row_stride, int64_t block_stride,
+                        int64_t count_rows, int64_t superblocks, int bf16, void *dst, int64_t dst_rows,
+                        int64_t row_offset) {
+    int64_t at[SCALE_TILE];
+    for (int64_t first = 0; first < count_rows; first += SCALE_TILE) {
+        const int count = (int)(count_rows - first < SCALE_TILE ? count_rows - first : SCALE_TILE);
+        row_offsets(rows, row_stride, first, count, at);
+        for (int64_t s = 0; s < superblocks; s++) {
+            for (int j = 0; j < count; j++) {
+                const uint8_t *block = src + at[j] + s * block_stride;
+                uint16_t d_bits, m_bits;
+                memcpy(&d_bits, block, 2);
+                memcpy(&m_bits, block + 2, 2);
+                const float d = half_bits_to_float(d_bits), dmin = half_bits_to_float(m_bits);
+                const uint8_t *q = block + 4;
+                for (int g = 0; g < 8; g++) {
+                    const int sc = g < 4 ? (q[g] & 63) : ((q[g + 4] & 0x0F) | ((q[g - 4] >> 6) << 4));
+                    const int mn = g < 4 ? (q[g + 4] & 63) : ((q[g + 4] >> 4) | ((q[g] >> 6) << 4));
+                    const float scale = d * (float)sc;
+                    const float zero = -(dmin * (float)mn) + 8.0f * scale;
+                    const int64_t out = ((s * 8 + g) * dst_rows + row_offset + first + j) * 2;
+                    if (bf16) {
+                        ((uint16_t *)dst)[out] = float_to_bfloat16(scale);
+                        ((uint16_t *)dst)[out + 1] = float_to_bfloat16(zero);
+                    } else {
+                        ((float *)dst)[out] = scale;
+                        ((float *)dst)[out + 1] = zero;
+                    }
+                }
+            }
+        }
     }
 }

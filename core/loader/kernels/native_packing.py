@@ -53,7 +53,7 @@ ENV_SWITCH = NATIVE_REPACK.name
 """Set to ``0`` to pack with torch only (the compiled helpers are neither built nor loaded)."""
 
 SOURCE = Path(__file__).with_name("native_packing.c")
-_ABI = 3
+_ABI = 4
 _BLOCK_NS = (32, 64)
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,12 @@ class NativeRepack:
         self._words = library.loader_int4pack_words
         self._words.argtypes = [_u8, _i64, _i64, ctypes.c_int, _u8, _i64, _i64, _i64, _u8]
         self._words.restype = None
+        self._q4_k = library.loader_int4pack_q4_k
+        self._q4_k.argtypes = [_u8, _u8, _i64, _i64, _i64, _i64, _i64, _u8]
+        self._q4_k.restype = None
+        self._q4_k_scales = library.loader_q4_k_scales
+        self._q4_k_scales.argtypes = [_u8, _u8, _i64, _i64, _i64, _i64, ctypes.c_int, _u8, _i64, _i64]
+        self._q4_k_scales.restype = None
 
     def int4pack_half_split(self, qs: torch.Tensor, block_n: int, out: torch.Tensor,
                             rows: torch.Tensor | None = None) -> None:
@@ -150,6 +156,45 @@ class NativeRepack:
         table = (ctypes.c_uint8 * 8)(*shifts)
         self._words(words.data_ptr(), words.stride(0), words.stride(1), int(along == "output"), table, n, k,
                     block_n, out.data_ptr())
+
+
+    def int4pack_q4_k(self, blocks: torch.Tensor, block_n: int, out: torch.Tensor,
+                      rows: torch.Tensor | None = None) -> None:
+        """Q4_K super-blocks ``[N, S, 144]`` (uint8; ``N`` a multiple of ``block_n``) into torch's layout in ``out``
+        (``N * S * 128`` bytes); with ``rows`` (int64 row indices into ``blocks``) the weight's rows are
+        ``blocks[rows]``, read in place. The GGUF plugin's Q4_K packer."""
+        stored, superblocks = _q4_k_blocks(blocks)
+        order = _row_order(rows, stored)
+        n = stored if rows is None else int(rows.numel())
+        _check_layout(n, block_n, out, n * superblocks * 128)
+        self._q4_k(blocks.data_ptr() + 16, order, blocks.stride(0), blocks.stride(1), n // block_n, superblocks,
+                   block_n, out.data_ptr())
+
+    def q4_k_scales(self, blocks: torch.Tensor, out: torch.Tensor, row_offset: int,
+                    rows: torch.Tensor | None = None) -> None:
+        """Rows ``row_offset:`` of scales and zeros ``out`` ``[S * 8, rows, 2]`` (bfloat16 or float32) from Q4_K
+        super-blocks ``[N, S, 144]``: ``s = d sc``, ``z = -dmin m + 8 s`` in float32, rounded once to ``out``'s
+        dtype. With ``rows`` the rows written are ``blocks[rows]``'s."""
+        stored, superblocks = _q4_k_blocks(blocks)
+        order = _row_order(rows, stored)
+        n = stored if rows is None else int(rows.numel())
+        if (out.dtype not in (torch.bfloat16, torch.float32) or not out.is_contiguous() or out.dim() != 3
+                or out.shape[0] != superblocks * 8 or out.shape[2] != 2 or not 0 <= row_offset <= out.shape[1] - n):
+            raise ValueError(f"scales and zeros {out.dtype} {tuple(out.shape)} cannot take {n} rows of "
+                             f"{superblocks * 8} groups at row {row_offset}")
+        self._q4_k_scales(blocks.data_ptr(), order, blocks.stride(0), blocks.stride(1), n, superblocks,
+                          int(out.dtype == torch.bfloat16), out.data_ptr(), int(out.shape[1]), row_offset)
+
+
+def _q4_k_blocks(blocks: torch.Tensor) -> tuple[int, int]:
+    """Rows and super-blocks of Q4_K ``blocks``, after checking they are 144 contiguous bytes each."""
+    if blocks.dtype != torch.uint8 or blocks.dim() != 3 or blocks.device.type != "cpu":
+        raise ValueError(f"Q4_K blocks must be uint8 [rows, super-blocks, 144] on the CPU, not {blocks.dtype} "
+                         f"{tuple(blocks.shape)} on {blocks.device}")
+    if blocks.shape[2] != 144 or blocks.stride(2) != 1 or min(blocks.stride(0), blocks.stride(1)) < 0:
+        raise ValueError(f"Q4_K blocks {tuple(blocks.shape)} (strides {blocks.stride()}) are not 144 contiguous "
+                         "bytes each")
+    return int(blocks.shape[0]), int(blocks.shape[1])
 
 
 def _row_order(rows: torch.Tensor | None, stored: int) -> int | None:
