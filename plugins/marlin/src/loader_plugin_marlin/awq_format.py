@@ -78,6 +78,11 @@ class AWQLayout:
                                zeros=awq_columns(tensors["qzeros"], bits).to(torch.int32), g_idx=g_idx, bits=bits,
                                group_size=group_size)
 
+    @property
+    def word_tensor(self) -> str:
+        """The tensor holding the codes' words."""
+        return "qweight"
+
     def packed_words(self, tensors: Mapping[str, torch.Tensor], geometry: LayerGeometry) -> PackedWords:
         """``qweight`` as it is (codes along the output, interleaved), beside the groups :meth:`to_quantized`
         reads."""

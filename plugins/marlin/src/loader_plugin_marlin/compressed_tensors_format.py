@@ -100,6 +100,11 @@ class CompressedTensorsLayout:
         return QuantizedWeight(codes=codes, scales=scales, zeros=zeros, g_idx=g_idx, bits=cfg.bits,
                                group_size=cfg.group_size)
 
+    @property
+    def word_tensor(self) -> str:
+        """The tensor holding the codes' words."""
+        return "weight_packed"
+
     def packed_words(self, tensors: Mapping[str, torch.Tensor], geometry: LayerGeometry) -> PackedWords:
         """``weight_packed`` as it is (``[N, K / 8]``, seen as ``[K / 8, N]``), beside :meth:`groups`."""
         scales, zeros, g_idx = self.groups(tensors, geometry)

@@ -14,6 +14,7 @@ A live weight update never defers: it lands its tensors as they come and repacks
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from .kernels import LayerKernel
     from .layer_geometry import LayerGeometry
 
-__all__ = ["DeferredParts", "cached_kernel", "defers_reads"]
+__all__ = ["DeferredParts", "cached_kernel", "defers_reads", "release_scratch"]
 
 
 @attrs.define
@@ -43,6 +44,8 @@ class DeferredParts:
     """The parts of a layer's ``copy`` tensors remembered while loading, by parameter name (landed later)."""
 
     parts: dict[str, list[NarrowedPart]] = attrs.field(factory=dict)
+    borrowed: list[torch.Tensor] = attrs.field(factory=list)
+    """Scratch buffers :meth:`land_aside` took, handed back by :meth:`give_back`."""
 
     def remember(self, name: str, param: torch.Tensor, part: NarrowedPart) -> None:
         """A ``load_part``: keep ``part`` of parameter ``name`` (nothing read)."""
@@ -63,11 +66,60 @@ class DeferredParts:
         for part in pending:
             self.parts[name].remove(part)
 
+    def land_aside(self, name: str, param: torch.Tensor, parts: list[NarrowedPart] | None = None,
+                   expert: int | None = None) -> torch.Tensor:
+        """The remembered parts of ``name`` (or ``parts`` of it) read into a scratch buffer shaped as ``param``
+        (as ``param[expert]``), not into ``param``: for a tensor the kernel only reads while it is built.
+
+        Why: a parameter's pages are fresh memory, whose first touch costs more than the read itself on a VM
+        that hands freed memory back to its host; the scratch buffers are reused from layer to layer (and
+        handed back with :meth:`give_back`), so a load touches fresh memory for the largest layer only."""
+        layout = layout_of(param)
+        shape = tuple(param.shape if expert is None else param.shape[1:])
+        dim = layout.output_dim if expert is None or layout.output_dim is None else layout.output_dim - 1
+        numel = 1
+        for size in shape:
+            numel *= size
+        buffer = _take_scratch(numel * param.element_size())
+        self.borrowed.append(buffer)
+        target = buffer[:numel * param.element_size()].view(param.dtype).view(shape)
+        pending = self.parts.get(name, []) if parts is None else parts
+        for part in pending:
+            part.narrowed.read_into(target if dim is None else target.narrow(dim, part.offset, part.size))
+        for part in list(pending):
+            self.parts[name].remove(part)
+        return target
+
+    def give_back(self) -> None:
+        """Hand the scratch buffers back for the next layer (the kernel built from them holds none of them)."""
+        with _SPARE_LOCK:
+            _SPARE.extend(self.borrowed)
+        self.borrowed.clear()
+
+
+_SPARE: list[torch.Tensor] = []
+_SPARE_LOCK = threading.Lock()
+
+
+def _take_scratch(nbytes: int) -> torch.Tensor:
+    """A spare uint8 buffer of at least ``nbytes`` (the smallest that fits), else a new one."""
+    with _SPARE_LOCK:
+        fitting = [i for i, buffer in enumerate(_SPARE) if buffer.numel() >= nbytes]
+        if fitting:
+            return _SPARE.pop(min(fitting, key=lambda i: _SPARE[i].numel()))
+    return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def release_scratch() -> None:
+    """Free the spare buffers (after a load's layers are processed)."""
+    with _SPARE_LOCK:
+        _SPARE.clear()
+
 
 def defers_reads(config: PackedQuantConfig) -> bool:
     """Whether a layer being built for this load remembers its ``copy`` tensors' parts instead of reading them:
-    when the load uses a packed-weights bundle, on the CPU."""
-    return config.packed_cache.load is not None and current_session().device.type == "cpu"
+    on the CPU (the bundle may hold the layer's kernel; if not, the word tensor is read into reused scratch)."""
+    return current_session().device.type == "cpu"
 
 
 def _rows_of(part: NarrowedPart, dim: int | None) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -50,6 +50,7 @@ from .layer_kernels import (
     with_layer_buffers,
 )
 from .param_specs import ParamSpec, land_shape_record, land_shared_g_idx
+from .word_packing import word_tensor
 
 if TYPE_CHECKING:
     from torch import nn
@@ -179,6 +180,7 @@ class PackedFusedMoEMethod(FusedMoEMethodBase):
                 kernel = cached_kernel(self.config, where, state.params_dtype, method=type(self).__name__,
                                        deferred=deferred.of_expert(remembered, index), values=values,
                                        tensors=functools.partial(self._expert_tensors, layer, kind, index))
+                deferred.give_back()
                 register_kernel_buffers(layer, kernel, f"{BUFFER_PREFIX}{kind}_{index}_")
                 built.append(kernel)
             kernels[kind] = built
@@ -191,12 +193,20 @@ class PackedFusedMoEMethod(FusedMoEMethodBase):
     def _expert_tensors(self, layer: nn.Module, kind: str, index: int) -> dict[str, torch.Tensor]:
         """Local expert ``index``'s ``kind`` checkpoint tensors, its remembered parts landed first."""
         state = self.layer_state(layer, PackedExpertsState)
+        aside = word_tensor(self.config)
+        tensors: dict[str, torch.Tensor] = {}
         for name in state.names[kind]:
             param = cast(torch.Tensor, getattr(layer, f"{kind}_{name}"))
             if state.deferred is not None and f"{kind}_{name}" in state.deferred.parts:
                 mine = [p for p in state.deferred.parts[f"{kind}_{name}"] if p.expert == index]
-                state.deferred.land(f"{kind}_{name}", param, mine)
-        return {name: cast(torch.Tensor, getattr(layer, f"{kind}_{name}")).data[index] for name in state.names[kind]}
+                if name == aside:
+                    tensors[name] = state.deferred.land_aside(f"{kind}_{name}", param, mine, index)
+                else:
+                    state.deferred.land(f"{kind}_{name}", param, mine)
+        for name in state.names[kind]:
+            if name not in tensors:
+                tensors[name] = cast(torch.Tensor, getattr(layer, f"{kind}_{name}")).data[index]
+        return {name: tensors[name] for name in state.names[kind]}
 
     def layer_plan(self, layer: nn.Module) -> KernelChoice | None:
         """The kernels the experts will get on the load's device, from their shapes (``loader inspect --layers``)."""

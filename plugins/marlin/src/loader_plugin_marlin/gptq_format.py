@@ -122,6 +122,11 @@ class GPTQLayout:
         return gptq_to_quantized(tensors["qweight"], tensors["qzeros"], tensors["scales"], g_idx, bits=cfg.bits,
                                  group_size=cfg.group_size, zeros_minus_one=cfg.zeros_stored_minus_one)
 
+    @property
+    def word_tensor(self) -> str:
+        """The tensor holding the codes' words."""
+        return "qweight"
+
     def packed_words(self, tensors: Mapping[str, torch.Tensor], geometry: LayerGeometry) -> PackedWords:
         """``qweight`` as it is (codes along the input), beside the groups :meth:`to_quantized` reads."""
         cfg = self.config

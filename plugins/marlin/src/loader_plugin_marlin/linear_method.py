@@ -46,7 +46,7 @@ from .layer_kernels import (
 from .param_specs import ParamSpec, land_part_scalar, land_shape_record, land_shared_g_idx
 from .quantized_weight import QuantizedWeight
 from .reopened_layers import check_whole_set, drop_reopened
-from .word_packing import layer_kernel
+from .word_packing import layer_kernel, word_tensor
 
 if TYPE_CHECKING:
     from torch import nn
@@ -150,12 +150,18 @@ class PackedLinearMethod(LinearMethodBase):
         return self.config.layout.to_quantized(self._landed(layer, state), state.geometry)
 
     @staticmethod
-    def _landed(layer: nn.Module, state: PackedLayerState) -> dict[str, torch.Tensor]:
-        """The layer's checkpoint tensors, the deferred parts landed first."""
+    def _landed(layer: nn.Module, state: PackedLayerState, aside: str | None = None) -> dict[str, torch.Tensor]:
+        """The layer's checkpoint tensors, the deferred parts landed first (``aside``'s into scratch)."""
+        tensors: dict[str, torch.Tensor] = {}
         for name in list(state.deferred.parts if state.deferred is not None else ()):
             assert state.deferred is not None
-            state.deferred.land(name, cast(torch.Tensor, getattr(layer, name)))
-        return {name: cast(torch.Tensor, getattr(layer, name)).data for name in state.names}
+            param = cast(torch.Tensor, getattr(layer, name))
+            if name == aside:
+                tensors[name] = state.deferred.land_aside(name, param)
+            else:
+                state.deferred.land(name, param)
+        return {name: tensors[name] if name in tensors else cast(torch.Tensor, getattr(layer, name)).data
+                for name in state.names}
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Convert and check the checkpoint tensors, choose the kernel, replace the parameters by its buffers.
@@ -170,9 +176,13 @@ class PackedLinearMethod(LinearMethodBase):
             deferred = state.deferred.parts if state.deferred is not None else {}
             values = {name: cast(torch.Tensor, getattr(layer, name)).data for name in state.names
                       if name not in deferred}
+            aside = word_tensor(self.config)
             kernel = cached_kernel(self.config, state.geometry, state.params_dtype, method=type(self).__name__,
-                                   deferred=deferred, values=values, tensors=lambda: self._landed(layer, state))
+                                   deferred=deferred, values=values,
+                                   tensors=lambda: self._landed(layer, state, aside))
             del values
+            if state.deferred is not None:
+                state.deferred.give_back()
         else:
             kernel = layer_kernel(self.config, state.geometry, self._landed(layer, state), state.params_dtype)
         state.deferred = None

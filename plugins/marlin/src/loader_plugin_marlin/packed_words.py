@@ -49,4 +49,8 @@ class WordPackedLayout(Protocol):
     """A layout whose 4-bit codes can be read as :class:`PackedWords` (the same values checked, the same errors
     raised as by its ``to_quantized``)."""
 
+    @property
+    def word_tensor(self) -> str:
+        """The checkpoint tensor holding the codes' words (``qweight``, ``weight_packed``)."""
+
     def packed_words(self, tensors: Mapping[str, torch.Tensor], geometry: LayerGeometry) -> PackedWords: ...

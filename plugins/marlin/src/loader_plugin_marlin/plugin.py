@@ -59,7 +59,13 @@ def loader_process_weights_after_loading(model: nn.Module, quant_config: Quantiz
         from .ct_post_load import finish_compressed_tensors_load
 
         finish_compressed_tensors_load(model, quant_config)
-    result = yield
+    try:
+        result = yield
+    finally:
+        if quant_config is not None and quant_config.name in DECLARED_METHODS:
+            from .deferred_parts import release_scratch
+
+            release_scratch()
     if quant_config is not None and quant_config.name in DECLARED_METHODS:
         from .detection import finish_load_cache
 

@@ -37,7 +37,14 @@ from .packed_words import WordPackedLayout
 if TYPE_CHECKING:
     from .config import PackedQuantConfig
 
-__all__ = ["int4_from_words", "layer_kernel"]
+__all__ = ["int4_from_words", "layer_kernel", "word_tensor"]
+
+
+def word_tensor(config: PackedQuantConfig) -> str | None:
+    """The checkpoint tensor holding the layer's code words, which every conversion reads and none keeps
+    (``None`` for a format packed otherwise)."""
+    layout = config.layout
+    return layout.word_tensor if isinstance(layout, WordPackedLayout) else None
 
 
 def int4_from_words(config: PackedQuantConfig, geometry: LayerGeometry, tensors: Mapping[str, torch.Tensor],
