@@ -20,7 +20,7 @@ import mmap
 import os
 import struct
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +150,7 @@ def _write_at(descriptor: int, data_start: int, tensors: list[torch.Tensor]) -> 
     """Each tensor's bytes at its aligned offset after ``data_start``, in chunks written side by side on the I/O
     pool (``os.pwrite`` releases the GIL): filling fresh page-cache pages is most of writing a bundle, and two
     writers fill them faster than one."""
-    tasks = []
+    tasks: list[Callable[[], None]] = []
     at = 0
     for flat in tensors:
         at = _aligned(at)
