@@ -81,7 +81,7 @@ def test_a_q4_k_load_packs_the_same_bytes_compiled_and_with_torch_alone(tiny_ggu
     if native_repack() is None:
         pytest.skip("no compiled packing helpers here")
     path, _ = tiny_gguf("llama", GQ.Q4_K, hidden_size=256, intermediate_size=512, num_attention_heads=4,
-                        num_key_value_heads=4)
+                        num_key_value_heads=4, vocab_size=320, tie_word_embeddings=False)
     taken = []
     real = q4_k_packing.pack_q4_k_parts
 
@@ -93,12 +93,22 @@ def test_a_q4_k_load_packs_the_same_bytes_compiled_and_with_torch_alone(tiny_ggu
     monkeypatch.setattr("loader_plugin_gguf.packed.linear_packing.pack_q4_k_parts", counting)
     compiled = {n: t.clone() for n, t in loader.load_model(str(path), quantization="gguf").state_dict().items()}
     assert any(taken)
+    head = []
+    monkeypatch.setattr("loader_plugin_gguf.packed.embedding_store.pack_q4_k_parts",
+                        lambda parts, dtype: head.append(real(parts, dtype)) or head[-1])
+    assert _same(loader.load_model(str(path), quantization="gguf").state_dict(), compiled)
+    assert head and head[0] is not None  # the untied Q4_K head (320 rows) packed by the helpers too
     monkeypatch.setenv("LOADER_NATIVE_REPACK", "0")
     native_repack.cache_clear()
     try:
         alone = loader.load_model(str(path), quantization="gguf").state_dict()
     finally:
         native_repack.cache_clear()
-    assert compiled.keys() == alone.keys()
-    for name, tensor in compiled.items():
-        assert torch.equal(tensor, alone[name]), name
+    assert _same(alone, compiled)
+
+
+def _same(got, expected) -> bool:  # type: ignore[no-untyped-def]
+    assert got.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(got[name], tensor), name
+    return True
