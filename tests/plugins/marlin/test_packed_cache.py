@@ -168,3 +168,16 @@ def test_a_model_loaded_with_the_bundle_can_be_saved_whole_and_loaded_back(tmp_p
         ids = random_ids(model.config.vocab_size)
         with torch.no_grad():
             assert torch.equal(back(ids), model(ids)), load
+
+
+def test_the_salt_names_every_module_of_the_plugin_and_the_core_s_packing_code() -> None:
+    """An edited format, kernel choice or packer (this plugin's or the core's, C included) is another bundle."""
+    from pathlib import Path
+
+    from loader.kernels import packed_layout_fingerprint, packing_salt
+    from loader_plugin_marlin import packed_cache
+
+    modules = sorted(Path(packed_cache.__file__).resolve().parent.glob("*.py"))
+    assert {"word_packing.py", "kernels.py", "gptq_format.py"} <= {path.name for path in modules}
+    assert packed_cache._salt() == packing_salt(modules, format=packed_cache.FORMAT)
+    assert packed_cache._salt()["core"] == packed_layout_fingerprint()
