@@ -32,7 +32,7 @@ from scripts.docgen.settings_reference import (  # noqa: E402
 
 CLI_TEMPLATE = ROOT / "docs" / "_templates" / "cli.md"
 USER_GUIDE = ROOT / "docs" / "user-guide.md"
-SETTINGS_MODULES = ("loader._settings", "loader_plugin_gguf.settings")
+SETTINGS_MODULES = ("loader._settings", "loader_plugin_gguf.settings", "loader_plugin_marlin.settings")
 """The modules declaring ``LOADER_*`` settings: each has ``SETTINGS`` (the users', in table order), and may have
 ``INTERNAL`` (set by loader for itself, left out of the docs) and ``NOT_VARIABLES`` (names that are no variable).
 A plugin's module that declares a variable goes here; the source scan fails until it does."""

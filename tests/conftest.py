@@ -42,13 +42,15 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_loader_cache() -> Iterator[None]:
-    """Every cache in a temp folder; GGUF's packed-weights bundle off, so that every packing test packs (a
-    second load of a file would otherwise map what the first packed: tests/plugins/gguf/packed/test_bundle_keys.py
-    turns it on)."""
-    previous = {name: os.environ.get(name) for name in ("LOADER_CACHE_DIR", "LOADER_GGUF_PACKED_CACHE")}
+    """Every cache in a temp folder; GGUF's and marlin's packed-weights bundles off, so that every packing test
+    packs (a second load of a file would otherwise map what the first packed: tests/plugins/gguf/packed/
+    test_bundle_keys.py and tests/plugins/marlin/test_packed_cache.py turn them on)."""
+    bundles = ("LOADER_GGUF_PACKED_CACHE", "LOADER_MARLIN_PACKED_CACHE")
+    previous = {name: os.environ.get(name) for name in ("LOADER_CACHE_DIR", *bundles)}
     with tempfile.TemporaryDirectory(prefix="loader-test-cache-") as folder:
         os.environ["LOADER_CACHE_DIR"] = folder
-        os.environ["LOADER_GGUF_PACKED_CACHE"] = "0"
+        for name in bundles:
+            os.environ[name] = "0"
         try:
             yield
         finally:

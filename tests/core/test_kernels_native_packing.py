@@ -168,6 +168,51 @@ def test_what_the_helpers_refuse_is_named(helpers):
                                torch.zeros(2, 64, 2, dtype=torch.bfloat16), 8)
 
 
+def _codes_of_words(words: torch.Tensor, along: str, shifts: tuple[int, ...]) -> torch.Tensor:
+    """The codes ``[K, N]`` of int32 words, unpacked with int64 shifts (the reference for ``int4pack_words``)."""
+    wide = words.to(torch.int64) & 0xFFFFFFFF
+    by_shift = torch.stack([(wide >> shift) & 15 for shift in shifts], dim=-1)  # [rows, cols, 8]
+    if along == "input":  # [K / 8, N, 8] -> [K, N]
+        return by_shift.permute(0, 2, 1).reshape(-1, words.shape[1]).to(torch.uint8)
+    return by_shift.reshape(words.shape[0], -1).to(torch.uint8)  # [K, N / 8, 8] -> [K, N]
+
+
+@pytest.mark.parametrize("block_n", [32, 64])
+@pytest.mark.parametrize("n", [16, 80, 208])  # no whole block, whole blocks and a tail, more of both
+@pytest.mark.parametrize(("layout", "shifts"), [
+    ("input", tuple(range(0, 32, 4))),  # GPTQ qweight [K / 8, N]
+    ("input-transposed", tuple(range(0, 32, 4))),  # compressed-tensors weight_packed [N, K / 8], seen transposed
+    ("output", (0, 16, 4, 20, 8, 24, 12, 28)),  # AWQ qweight [K, N / 8], its interleave
+])
+def test_int32_words_pack_to_the_bytes_of_packing_their_codes(helpers, block_n, n, layout, shifts):
+    k = 64
+    generator = torch.Generator().manual_seed(n + block_n)
+    shape = (k // 8, n) if layout == "input" else (n, k // 8) if layout == "input-transposed" else (k, n // 8)
+    words = torch.randint(-2**31, 2**31 - 1, shape, dtype=torch.int32, generator=generator)
+    seen = words.t() if layout == "input-transposed" else words
+    along = "output" if layout == "output" else "input"
+    out = torch.empty(n * k // 2, dtype=torch.uint8)
+    helpers.int4pack_words(seen, along, shifts, block_n, out)
+    expected = pack_codes_bytes(_codes_of_words(seen, along, shifts).t(), block_n)
+    assert torch.equal(out.view(n, k // 2), expected)
+
+
+def test_what_the_word_packer_refuses_is_named(helpers):
+    words = torch.zeros(8, 64, dtype=torch.int32)
+    out = torch.empty(64 * 32, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"words must be int32 \[rows, columns\] on the CPU, not torch.int64"):
+        helpers.int4pack_words(words.long(), "input", tuple(range(0, 32, 4)), 64, out)
+    with pytest.raises(ValueError, match=r"codes lie along 'input' or 'output' at eight 4-bit shifts, not 'rows'"):
+        helpers.int4pack_words(words, "rows", tuple(range(0, 32, 4)), 64, out)
+    with pytest.raises(ValueError, match=r"words \(8, 40\) \(strides \(40, 1\)\) do not hold \[64, 40\] codes with N "
+                                         r"a multiple of 16"):
+        helpers.int4pack_words(torch.zeros(8, 40, dtype=torch.int32), "input", tuple(range(0, 32, 4)), 64, out)
+    with pytest.raises(ValueError, match=r"the row block 16 is not one of \[32, 64\]"):
+        helpers.int4pack_words(words, "input", tuple(range(0, 32, 4)), 16, out)
+    with pytest.raises(ValueError, match=r"the output must be 2048 contiguous uint8 bytes"):
+        helpers.int4pack_words(words, "input", tuple(range(0, 32, 4)), 64, out[:100])
+
+
 @needs_compiler
 def test_the_library_is_built_once_into_the_cache_folder_and_reused(fresh):
     first = native_repack()

@@ -30,7 +30,7 @@ from tests.reliability.cache_race import Outcome, run_at_once, state_digest
 COMPILER = shutil.which(os.environ.get("CC") or "cc")
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C compiler (cc) to build the helpers with")
 READER_SOURCE = Path(loader.__file__).with_name("length_prefixed.c")
-ABIS = {PACKING_SOURCE: ("loader_repack_abi", 2), READER_SOURCE: ("loader_records_abi", 1)}
+ABIS = {PACKING_SOURCE: ("loader_repack_abi", 4), READER_SOURCE: ("loader_records_abi", 1)}
 
 
 @pytest.fixture(scope="module")

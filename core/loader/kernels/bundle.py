@@ -5,7 +5,7 @@ page costs more than the shuffle; llama.cpp computes on its memory-mapped file, 
 already holds. Once written, packed bytes are such a file too: a later load maps them copy-on-write (touching
 a cached file costs a fraction of fresh memory) and the layers' buffers are views of the map. Like OpenVINO's
 ``CACHE_DIR`` or a compiled-kernel cache, the first load pays (it packs, then writes the bundle), every later
-one is cheap. Any quantize method can keep what it packed here; the GGUF plugin does.
+one is cheap. Any quantize method can keep what it packed here; the GGUF and marlin plugins do.
 
 A :class:`PackedBundle` is one load's use of the bundle for a set of source files and a *variant* (whatever
 of the load's options changes the packed bytes: tensor parallel rank and size, kernel dtypes). It holds
@@ -110,14 +110,16 @@ class PackedBundle:
 
     # -- reading -----------------------------------------------------------------
 
-    def lookup(self, key: str, expected: Expected) -> Built | None:
+    def lookup(self, key: str, expected: Expected | None) -> Built | None:
         """The unit's tensors (views of the bundle's map), or ``None`` when the bundle does not hold it with the
-        ``expected`` tensors (name -> dtype, shape)."""
+        ``expected`` tensors (name -> dtype, shape; ``None``: whatever the unit holds, for an owner that checks
+        the unit itself)."""
         with self._lock:
             if not self._opened:
                 self._open()
             found = self._stored.get(key)
-            if found is not None and {n: (t.dtype, tuple(t.shape)) for n, t in found.items()} != dict(expected):
+            if (found is not None and expected is not None
+                    and {n: (t.dtype, tuple(t.shape)) for n, t in found.items()} != dict(expected)):
                 self.notes.append(f"a stored unit ({', '.join(sorted(found))}) did not have the expected shapes; "
                                   "packed again")
                 found = None
@@ -132,7 +134,7 @@ class PackedBundle:
             self.misses += 1
             self._used[key] = built
 
-    def cached(self, key: str, build: Callable[[], Built | None], expected: Expected) -> Built | None:
+    def cached(self, key: str, build: Callable[[], Built | None], expected: Expected | None) -> Built | None:
         """The unit ``key`` from the bundle, else ``build()``'s tensors, stored for the bundle (``build`` returns
         ``None`` for a result the bundle cannot hold: nothing is stored). A stored unit whose tensors are not
         ``expected`` is built again."""

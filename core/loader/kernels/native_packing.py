@@ -53,7 +53,7 @@ ENV_SWITCH = NATIVE_REPACK.name
 """Set to ``0`` to pack with torch only (the compiled helpers are neither built nor loaded)."""
 
 SOURCE = Path(__file__).with_name("native_packing.c")
-_ABI = 2
+_ABI = 4
 _BLOCK_NS = (32, 64)
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,15 @@ class NativeRepack:
         self._q4_scales = library.loader_q4_scales_bf16
         self._q4_scales.argtypes = [_u8, _u8, _i64, _i64, _i64, _i64, ctypes.c_int, _u8, _i64, _i64]
         self._q4_scales.restype = None
+        self._words = library.loader_int4pack_words
+        self._words.argtypes = [_u8, _i64, _i64, ctypes.c_int, _u8, _i64, _i64, _i64, _u8]
+        self._words.restype = None
+        self._q4_k = library.loader_int4pack_q4_k
+        self._q4_k.argtypes = [_u8, _u8, _i64, _i64, _i64, _i64, _i64, _u8]
+        self._q4_k.restype = None
+        self._q4_k_scales = library.loader_q4_k_scales
+        self._q4_k_scales.argtypes = [_u8, _u8, _i64, _i64, _i64, _i64, ctypes.c_int, _u8, _i64, _i64]
+        self._q4_k_scales.restype = None
 
     def int4pack_half_split(self, qs: torch.Tensor, block_n: int, out: torch.Tensor,
                             rows: torch.Tensor | None = None) -> None:
@@ -120,6 +129,72 @@ class NativeRepack:
                              f"{groups} groups at row {row_offset}")
         self._q4_scales(blocks.data_ptr(), order, blocks.stride(0), blocks.stride(1), n, groups, int(has_min),
                         out.data_ptr(), int(out.shape[1]), row_offset)
+
+
+    def int4pack_words(self, words: torch.Tensor, along: str, shifts: tuple[int, ...], block_n: int,
+                       out: torch.Tensor) -> None:
+        """4-bit codes packed eight to an int32 word into torch's layout in ``out`` (uint8 ``[N, K / 2]``),
+        unpacked in registers. ``along`` says where the eight codes of a word lie: ``"input"`` for words
+        ``[K / 8, N]`` (GPTQ's ``qweight``; pass compressed-tensors' ``[N, K / 8]`` as its ``.t()``),
+        ``"output"`` for words ``[K, N / 8]`` (AWQ); ``shifts[i]`` is the bit at which the word's ``i``-th code
+        (in order along that dimension) starts: ``(0, 4, ..., 28)``, or AWQ's interleave."""
+        if words.dtype != torch.int32 or words.dim() != 2 or words.device.type != "cpu":
+            raise ValueError(f"words must be int32 [rows, columns] on the CPU, not {words.dtype} "
+                             f"{tuple(words.shape)} on {words.device}")
+        if along not in ("input", "output") or len(shifts) != 8 or any(s not in range(0, 32, 4) for s in shifts):
+            raise ValueError(f"codes lie along 'input' or 'output' at eight 4-bit shifts, not {along!r} {shifts}")
+        rows, cols = (int(s) for s in words.shape)
+        k, n = (rows * 8, cols) if along == "input" else (rows, cols * 8)
+        if min(words.stride()) < 0 or n % 16 or k % 8:
+            raise ValueError(f"words {tuple(words.shape)} (strides {words.stride()}) do not hold [{k}, {n}] codes "
+                             "with N a multiple of 16")
+        if block_n not in _BLOCK_NS:
+            raise ValueError(f"the row block {block_n} is not one of {list(_BLOCK_NS)}")
+        if out.dtype != torch.uint8 or not out.is_contiguous() or out.numel() != n * k // 2 or out.device.type != "cpu":
+            raise ValueError(f"the output must be {n * k // 2} contiguous uint8 bytes on the CPU, not {out.dtype} "
+                             f"{tuple(out.shape)}")
+        table = (ctypes.c_uint8 * 8)(*shifts)
+        self._words(words.data_ptr(), words.stride(0), words.stride(1), int(along == "output"), table, n, k,
+                    block_n, out.data_ptr())
+
+
+    def int4pack_q4_k(self, blocks: torch.Tensor, block_n: int, out: torch.Tensor,
+                      rows: torch.Tensor | None = None) -> None:
+        """Q4_K super-blocks ``[N, S, 144]`` (uint8; ``N`` a multiple of ``block_n``) into torch's layout in ``out``
+        (``N * S * 128`` bytes); with ``rows`` (int64 row indices into ``blocks``) the weight's rows are
+        ``blocks[rows]``, read in place. The GGUF plugin's Q4_K packer."""
+        stored, superblocks = _q4_k_blocks(blocks)
+        order = _row_order(rows, stored)
+        n = stored if rows is None else int(rows.numel())
+        _check_layout(n, block_n, out, n * superblocks * 128)
+        self._q4_k(blocks.data_ptr() + 16, order, blocks.stride(0), blocks.stride(1), n // block_n, superblocks,
+                   block_n, out.data_ptr())
+
+    def q4_k_scales(self, blocks: torch.Tensor, out: torch.Tensor, row_offset: int,
+                    rows: torch.Tensor | None = None) -> None:
+        """Rows ``row_offset:`` of scales and zeros ``out`` ``[S * 8, rows, 2]`` (bfloat16 or float32) from Q4_K
+        super-blocks ``[N, S, 144]``: ``s = d sc``, ``z = -dmin m + 8 s`` in float32, rounded once to ``out``'s
+        dtype. With ``rows`` the rows written are ``blocks[rows]``'s."""
+        stored, superblocks = _q4_k_blocks(blocks)
+        order = _row_order(rows, stored)
+        n = stored if rows is None else int(rows.numel())
+        if (out.dtype not in (torch.bfloat16, torch.float32) or not out.is_contiguous() or out.dim() != 3
+                or out.shape[0] != superblocks * 8 or out.shape[2] != 2 or not 0 <= row_offset <= out.shape[1] - n):
+            raise ValueError(f"scales and zeros {out.dtype} {tuple(out.shape)} cannot take {n} rows of "
+                             f"{superblocks * 8} groups at row {row_offset}")
+        self._q4_k_scales(blocks.data_ptr(), order, blocks.stride(0), blocks.stride(1), n, superblocks,
+                          int(out.dtype == torch.bfloat16), out.data_ptr(), int(out.shape[1]), row_offset)
+
+
+def _q4_k_blocks(blocks: torch.Tensor) -> tuple[int, int]:
+    """Rows and super-blocks of Q4_K ``blocks``, after checking they are 144 contiguous bytes each."""
+    if blocks.dtype != torch.uint8 or blocks.dim() != 3 or blocks.device.type != "cpu":
+        raise ValueError(f"Q4_K blocks must be uint8 [rows, super-blocks, 144] on the CPU, not {blocks.dtype} "
+                         f"{tuple(blocks.shape)} on {blocks.device}")
+    if blocks.shape[2] != 144 or blocks.stride(2) != 1 or min(blocks.stride(0), blocks.stride(1)) < 0:
+        raise ValueError(f"Q4_K blocks {tuple(blocks.shape)} (strides {blocks.stride()}) are not 144 contiguous "
+                         "bytes each")
+    return int(blocks.shape[0]), int(blocks.shape[1])
 
 
 def _row_order(rows: torch.Tensor | None, stored: int) -> int | None:

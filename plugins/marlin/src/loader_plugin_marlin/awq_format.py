@@ -27,13 +27,16 @@ from loader.errors import UnsupportedError
 from .bit_packing import unpack_int32
 from .config import PackedQuantConfig, check_flag, kernel_option, module_list
 from .layer_geometry import LayerGeometry
+from .packed_words import PackedWords
 from .param_specs import ParamSpec
 from .quantized_weight import QuantizedWeight, default_g_idx
 
-__all__ = ["AWQ_ORDER", "AWQConfig", "AWQLayout", "awq_config_from_checkpoint"]
+__all__ = ["AWQ_ORDER", "AWQ_SHIFTS", "AWQConfig", "AWQLayout", "awq_columns", "awq_config_from_checkpoint"]
 
 METHOD_NAME = "awq"
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+AWQ_SHIFTS = tuple(4 * AWQ_ORDER.index(column) for column in range(8))
+"""The bit at which column ``c`` of a word's eight starts (bits ``[4i, 4i + 4)`` hold column ``AWQ_ORDER[i]``)."""
 GROUP_SIZES = (-1, 32, 64, 128, 256)
 _WHERE = "config.json quantization_config"
 
@@ -70,17 +73,30 @@ class AWQLayout:
 
     def to_quantized(self, tensors: Mapping[str, torch.Tensor], geometry: LayerGeometry) -> QuantizedWeight:
         bits, group_size = self.config.bits, self.config.group_size
-        # unpacked position 8c + i holds column 8c + AWQ_ORDER[i]; put each column back in its place
-        place = torch.argsort(torch.tensor(AWQ_ORDER))
-
-        def columns(packed: torch.Tensor) -> torch.Tensor:
-            values = unpack_int32(packed, bits, 1)
-            return values.reshape(values.shape[0], -1, len(AWQ_ORDER))[:, :, place].reshape(values.shape)
-
         g_idx = default_g_idx(geometry.rows, group_size)
-        return QuantizedWeight(codes=columns(tensors["qweight"]), scales=tensors["scales"].to(torch.float32),
-                               zeros=columns(tensors["qzeros"]).to(torch.int32), g_idx=g_idx, bits=bits,
+        return QuantizedWeight(codes=awq_columns(tensors["qweight"], bits), scales=tensors["scales"].to(torch.float32),
+                               zeros=awq_columns(tensors["qzeros"], bits).to(torch.int32), g_idx=g_idx, bits=bits,
                                group_size=group_size)
+
+    @property
+    def word_tensor(self) -> str:
+        """The tensor holding the codes' words."""
+        return "qweight"
+
+    def packed_words(self, tensors: Mapping[str, torch.Tensor], geometry: LayerGeometry) -> PackedWords:
+        """``qweight`` as it is (codes along the output, interleaved), beside the groups :meth:`to_quantized`
+        reads."""
+        zeros = awq_columns(tensors["qzeros"], self.config.bits).to(torch.int32)
+        return PackedWords(tensors["qweight"], "output", AWQ_SHIFTS, tensors["scales"].to(torch.float32), zeros,
+                           default_g_idx(geometry.rows, self.config.group_size))
+
+
+def awq_columns(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """AWQ words ``[rows, N / 8]`` unpacked to ``[rows, N]`` codes, each column back in its place (unpacked
+    position ``8c + i`` holds column ``8c + AWQ_ORDER[i]``)."""
+    place = torch.argsort(torch.tensor(AWQ_ORDER))
+    values = unpack_int32(packed, bits, 1)
+    return values.reshape(values.shape[0], -1, len(AWQ_ORDER))[:, :, place].reshape(values.shape)
 
 
 def awq_config_from_checkpoint(declared: Mapping[str, Any], options: Mapping[str, Any] | None = None) -> AWQConfig:

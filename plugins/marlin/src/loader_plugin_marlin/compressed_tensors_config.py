@@ -227,8 +227,10 @@ class CompressedTensorsConfig(QuantizationConfig):
         kernels: dict[str, int] = {}
         layers: dict[str, Any] = {}
         groups: dict[str, Any] = {}
+        packed_cache = None  # the groups share the load's bundle
         for group in self.groups:
             described: dict[str, Any] = group.config.describe() if group.config is not None else {"method": DENSE}
+            packed_cache = described.pop("packed_cache", None) or packed_cache
             groups[group.name] = {"targets": list(group.targets), "format": group.format, **described}
             for kernel, count in dict(described.get("kernels") or {}).items():
                 kernels[kernel] = kernels.get(kernel, 0) + count
@@ -243,7 +245,7 @@ class CompressedTensorsConfig(QuantizationConfig):
                   "applied": len(self.kv_attached), "note": "keys and values rounded to FP8 under the scales, "
                   "kept in the model's dtype"}
         return {"method": self.name, "groups": groups, "ignore": list(self.ignore), "kernels": kernels,
-                "layers": dict(sorted(layers.items())), "kv_cache": kv,
+                "layers": dict(sorted(layers.items())), "kv_cache": kv, "packed_cache": packed_cache,
                 "online_rotations": {"groups": sorted({t.group for t in self.transforms}),
                                      "layers": len(self.rotated)} if self.transforms else None}
 

@@ -37,6 +37,7 @@ from .bit_packing import unpack_int32
 from .config import PackedQuantConfig, kernel_option
 from .gptq_format import check_g_idx
 from .layer_geometry import LayerGeometry
+from .packed_words import IN_ORDER, PackedWords
 from .param_specs import ParamSpec
 from .quantized_weight import QuantizedWeight, default_g_idx
 
@@ -95,6 +96,25 @@ class CompressedTensorsLayout:
     def to_quantized(self, tensors: Mapping[str, torch.Tensor], geometry: LayerGeometry) -> QuantizedWeight:
         cfg = self.config
         codes = unpack_int32(tensors["weight_packed"], cfg.bits, 1).t().contiguous()
+        scales, zeros, g_idx = self.groups(tensors, geometry)
+        return QuantizedWeight(codes=codes, scales=scales, zeros=zeros, g_idx=g_idx, bits=cfg.bits,
+                               group_size=cfg.group_size)
+
+    @property
+    def word_tensor(self) -> str:
+        """The tensor holding the codes' words."""
+        return "weight_packed"
+
+    def packed_words(self, tensors: Mapping[str, torch.Tensor], geometry: LayerGeometry) -> PackedWords:
+        """``weight_packed`` as it is (``[N, K / 8]``, seen as ``[K / 8, N]``), beside :meth:`groups`."""
+        scales, zeros, g_idx = self.groups(tensors, geometry)
+        return PackedWords(tensors["weight_packed"].t(), "input", IN_ORDER, scales, zeros, g_idx)
+
+    def groups(self, tensors: Mapping[str, torch.Tensor],
+               geometry: LayerGeometry) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The layer's scales ``[G, N]`` (float32), integer zero points ``[G, N]`` and checked local ``g_idx``
+        (what :meth:`to_quantized` holds besides the codes)."""
+        cfg = self.config
         if cfg.per_tensor:  # each part's one scale, for each of its rows on this rank
             per_part = tensors["weight_scale"].to(torch.float32)
             scales = torch.repeat_interleave(per_part, torch.tensor(geometry.parts)).reshape(1, -1)
@@ -110,8 +130,7 @@ class CompressedTensorsLayout:
                                 what=f"{geometry.prefix}.weight")
         else:
             g_idx = default_g_idx(geometry.rows, cfg.group_size)
-        return QuantizedWeight(codes=codes, scales=scales, zeros=zeros, g_idx=g_idx, bits=cfg.bits,
-                               group_size=cfg.group_size)
+        return scales, zeros, g_idx
 
 
 def _weights(name: str, scheme: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -29,6 +29,7 @@ from loader.layers import FusedMoE, LinearBase, ParallelLMHead, QuantizationConf
 from .fused_moe_method import PackedFusedMoEMethod
 from .gptq_format import GPTQLayout
 from .linear_method import PackedLinearMethod
+from .packed_cache import PackedCacheSlot
 
 if TYPE_CHECKING:
     from torch import nn
@@ -77,6 +78,8 @@ class PackedQuantConfig(QuantizationConfig):
     skip_modules: tuple[str, ...] = ()
     lm_head: bool = False
     kernel_log: dict[str, KernelChoice] = attrs.field(factory=dict, eq=False, repr=False)
+    packed_cache: PackedCacheSlot = attrs.field(factory=PackedCacheSlot, eq=False, repr=False)
+    """Where the layers find the load's packed-weights bundle (:mod:`~loader_plugin_marlin.packed_cache`)."""
 
     @property
     def pack_factor(self) -> int:
@@ -97,6 +100,7 @@ class PackedQuantConfig(QuantizationConfig):
             "sym": self.sym, "kernel": self.kernel, "skip_modules": list(self.skip_modules), "lm_head": self.lm_head,
             "kernels": counts,
             "layers": {prefix: choice.record() for prefix, choice in sorted(self.kernel_log.items())},
+            "packed_cache": self.packed_cache.describe(),
         }
 
     def ignores(self, prefix: str) -> bool:

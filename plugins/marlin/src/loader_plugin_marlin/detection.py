@@ -8,19 +8,20 @@ asking for one of them on a checkpoint that is not of that kind is an error
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from loader.errors import UnsupportedError
 from loader.layers import QuantizationConfig
 
 from .awq_format import awq_config_from_checkpoint
-from .compressed_tensors_config import ct_config_from_checkpoint
-from .config import config_from_checkpoint
+from .compressed_tensors_config import CompressedTensorsConfig, ct_config_from_checkpoint
+from .config import PackedQuantConfig, config_from_checkpoint
 from .fp8_config import fbgemm_fp8_config_from_checkpoint, fp8_config_from_checkpoint
 from .modelopt_config import modelopt_config_from_checkpoint
+from .packed_cache import LoadCache, new_load_cache
 
-__all__ = ["METHODS", "detect_packed"]
+__all__ = ["METHODS", "attach_load_cache", "detect_packed", "finish_load_cache"]
 
 METHODS: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any] | None], QuantizationConfig]] = {
     "gptq": config_from_checkpoint,
@@ -50,3 +51,31 @@ def detect_packed(
         f"quantization={requested!r} loads checkpoints already quantized that way, but config.json {found}; "
         f"{requested} needs calibration data and is not applied while loading"
     )
+
+
+def _packed_configs(config: QuantizationConfig) -> list[PackedQuantConfig]:
+    """The packed-integer configs of a load's config: itself, or a compressed-tensors checkpoint's groups'."""
+    if isinstance(config, PackedQuantConfig):
+        return [config]
+    if isinstance(config, CompressedTensorsConfig):
+        return [group.config for group in config.groups if isinstance(group.config, PackedQuantConfig)]
+    return []
+
+
+def attach_load_cache(config: QuantizationConfig, files: Sequence[str]) -> None:
+    """Give every packed-integer config of the load one :class:`~.packed_cache.LoadCache` for ``files`` (none
+    when the bundle is off, or the config packs nothing)."""
+    configs = _packed_configs(config)
+    load = new_load_cache(files) if configs else None
+    for packed in configs:
+        packed.packed_cache.load = load
+
+
+def finish_load_cache(config: QuantizationConfig) -> None:
+    """After every layer of a load succeeded: write the load's bundle when it packed a unit it did not find."""
+    loads: dict[int, LoadCache] = {}
+    for packed in _packed_configs(config):
+        if packed.packed_cache.load is not None:
+            loads[id(packed.packed_cache.load)] = packed.packed_cache.load
+    for load in loads.values():
+        load.finish()

@@ -40,16 +40,17 @@ from loader.layers import (
 )
 from loader.models import current_session
 
+from .deferred_parts import DeferredParts, cached_kernel, defers_reads
 from .layer_geometry import LayerGeometry, layer_geometry
 from .layer_kernels import (
     BUFFER_PREFIX,
-    build_kernel,
     combined_choice,
     plan_weight,
     register_kernel_buffers,
     with_layer_buffers,
 )
 from .param_specs import ParamSpec, land_shape_record, land_shared_g_idx
+from .word_packing import word_tensor
 
 if TYPE_CHECKING:
     from torch import nn
@@ -76,6 +77,8 @@ class PackedExpertsState:
     g_idx_parts: dict[tuple[str, int], object] = attrs.field(factory=dict)
     lock: threading.Lock = attrs.field(factory=threading.Lock)
     kernels: dict[str, list[LayerKernel]] | None = None
+    deferred: DeferredParts | None = None
+    """The parts of the ``copy`` tensors remembered while a load with a packed-weights bundle lands them."""
 
 
 def _expert_dim(dim: int | None) -> int | None:
@@ -100,6 +103,7 @@ class PackedFusedMoEMethod(FusedMoEMethodBase):
     """A fused-experts layer of a packed checkpoint: created, loaded per expert, given kernels and run."""
 
     layer_state_attr = "packed_experts_state"
+    process_weights_concurrently = True  # converts its own tensors into its own buffers
 
     def __init__(self, config: PackedQuantConfig) -> None:
         self.config = config
@@ -108,22 +112,26 @@ class PackedFusedMoEMethod(FusedMoEMethodBase):
         experts = cast(FusedMoE, layer)
         geometries = _geometries(self.config, experts, shape)
         names: dict[str, tuple[str, ...]] = {}
+        deferred = DeferredParts() if defers_reads(self.config) else None
         for kind, geometry in geometries.items():
             specs = self.config.layout.params(geometry)
             for spec in specs:
                 param = torch.nn.Parameter(torch.empty((shape.num_local_experts, *spec.shape), dtype=spec.dtype),
                                            requires_grad=False)
-                set_param_layout(param, self._layout(experts, kind, spec, shape.weight_loader))
+                set_param_layout(param, self._layout(experts, kind, spec, shape.weight_loader, deferred))
                 layer.register_parameter(f"{kind}_{spec.name}", param)
             names[kind] = tuple(spec.name for spec in specs)
-        self.set_layer_state(layer, PackedExpertsState(geometries, names, shape.params_dtype))
+        self.set_layer_state(layer, PackedExpertsState(geometries, names, shape.params_dtype, deferred=deferred))
 
-    def _layout(self, layer: FusedMoE, kind: str, spec: ParamSpec, weight_loader: WeightLoader) -> ParamLayout:
+    def _layout(self, layer: FusedMoE, kind: str, spec: ParamSpec, weight_loader: WeightLoader,
+                deferred: DeferredParts | None) -> ParamLayout:
         load_part = None
         if spec.kind == "g_idx":
             load_part = functools.partial(self._load_g_idx, layer, f"{kind}_{spec.name}")
         elif spec.kind == "shape":
             load_part = functools.partial(self._check_shape_record, layer, kind)
+        elif spec.kind == "copy" and deferred is not None:  # remembered, read after loading if needed
+            load_part = functools.partial(deferred.remember, f"{kind}_{spec.name}")
         return ParamLayout(weight_loader=weight_loader, output_dim=_expert_dim(spec.output_dim),
                            input_dim=_expert_dim(spec.input_dim), packed_dim=_expert_dim(spec.packed_dim),
                            pack_factor=spec.pack_factor, load_part=load_part)
@@ -161,22 +169,44 @@ class PackedFusedMoEMethod(FusedMoEMethodBase):
         if state.kernels is not None:
             return
         kernels: dict[str, list[LayerKernel]] = {}
+        deferred = state.deferred if state.deferred is not None else DeferredParts()
         for kind, geometry in state.geometries.items():
-            params = {name: cast(torch.Tensor, getattr(layer, f"{kind}_{name}")).data for name in state.names[kind]}
+            remembered = {f"{kind}_{n}": n for n in state.names[kind] if f"{kind}_{n}" in deferred.parts}
             built = []
             for index in range(experts.num_local_experts):
                 where = attrs.evolve(geometry, prefix=self._expert_name(experts, kind, index))
-                kernel = build_kernel(self.config, where, {n: t[index] for n, t in params.items()},
-                                      state.params_dtype)
+                values = {n: cast(torch.Tensor, getattr(layer, f"{kind}_{n}")).data[index] for n in state.names[kind]
+                          if f"{kind}_{n}" not in remembered}
+                kernel = cached_kernel(self.config, where, state.params_dtype, method=type(self).__name__,
+                                       deferred=deferred.of_expert(remembered, index), values=values,
+                                       tensors=functools.partial(self._expert_tensors, layer, kind, index))
+                deferred.give_back()
                 register_kernel_buffers(layer, kernel, f"{BUFFER_PREFIX}{kind}_{index}_")
                 built.append(kernel)
             kernels[kind] = built
-            del params
             for name in state.names[kind]:
                 delattr(layer, f"{kind}_{name}")
-        state.kernels = kernels
+        state.kernels, state.deferred = kernels, None
         self.config.kernel_log[experts.prefix] = combined_choice(
             kernel.choice for built in kernels.values() for kernel in built)
+
+    def _expert_tensors(self, layer: nn.Module, kind: str, index: int) -> dict[str, torch.Tensor]:
+        """Local expert ``index``'s ``kind`` checkpoint tensors, its remembered parts landed first."""
+        state = self.layer_state(layer, PackedExpertsState)
+        aside = word_tensor(self.config)
+        tensors: dict[str, torch.Tensor] = {}
+        for name in state.names[kind]:
+            param = cast(torch.Tensor, getattr(layer, f"{kind}_{name}"))
+            if state.deferred is not None and f"{kind}_{name}" in state.deferred.parts:
+                mine = [p for p in state.deferred.parts[f"{kind}_{name}"] if p.expert == index]
+                if name == aside:
+                    tensors[name] = state.deferred.land_aside(f"{kind}_{name}", param, mine, index)
+                else:
+                    state.deferred.land(f"{kind}_{name}", param, mine)
+        for name in state.names[kind]:
+            if name not in tensors:
+                tensors[name] = cast(torch.Tensor, getattr(layer, f"{kind}_{name}")).data[index]
+        return {name: tensors[name] for name in state.names[kind]}
 
     def layer_plan(self, layer: nn.Module) -> KernelChoice | None:
         """The kernels the experts will get on the load's device, from their shapes (``loader inspect --layers``)."""

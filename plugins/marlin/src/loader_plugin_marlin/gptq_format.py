@@ -25,13 +25,14 @@ from loader.errors import CheckpointFormatError
 
 from .bit_packing import unpack_int32
 from .layer_geometry import LayerGeometry
+from .packed_words import IN_ORDER, PackedWords
 from .param_specs import ParamSpec
 from .quantized_weight import QuantizedWeight, default_g_idx
 
 if TYPE_CHECKING:
     from .config import GPTQConfig
 
-__all__ = ["GPTQLayout", "check_g_idx", "gptq_to_quantized"]
+__all__ = ["GPTQLayout", "check_g_idx", "gptq_to_quantized", "gptq_zeros"]
 
 
 def check_g_idx(g_idx: torch.Tensor, groups: int, group_size: int, *, act_order: bool, whole: bool,
@@ -83,11 +84,15 @@ def gptq_to_quantized(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch
                       *, bits: int, group_size: int, zeros_minus_one: bool) -> QuantizedWeight:
     """Unpack one layer's GPTQ tensors (``g_idx`` already local and checked) into the internal representation."""
     codes = unpack_int32(qweight, bits, 0)
+    zeros = gptq_zeros(qzeros, bits, zeros_minus_one)
+    return QuantizedWeight(codes=codes, scales=scales.to(torch.float32), zeros=zeros, g_idx=g_idx.to(torch.int32),
+                           bits=bits, group_size=group_size)
+
+
+def gptq_zeros(qzeros: torch.Tensor, bits: int, zeros_minus_one: bool) -> torch.Tensor:
+    """The integer zero points ``[G, N]`` of ``qzeros`` (v1's stored value plus one, without wrapping)."""
     zeros = unpack_int32(qzeros, bits, 1).to(torch.int32)
-    if zeros_minus_one:
-        zeros = zeros + 1
-    return QuantizedWeight(codes=codes, scales=scales.to(torch.float32), zeros=zeros,
-                           g_idx=g_idx.to(torch.int32), bits=bits, group_size=group_size)
+    return zeros + 1 if zeros_minus_one else zeros
 
 
 @attrs.frozen
@@ -116,3 +121,16 @@ class GPTQLayout:
                             whole=geometry.whole_input, first_group=geometry.first_group, what=geometry.prefix)
         return gptq_to_quantized(tensors["qweight"], tensors["qzeros"], tensors["scales"], g_idx, bits=cfg.bits,
                                  group_size=cfg.group_size, zeros_minus_one=cfg.zeros_stored_minus_one)
+
+    @property
+    def word_tensor(self) -> str:
+        """The tensor holding the codes' words."""
+        return "qweight"
+
+    def packed_words(self, tensors: Mapping[str, torch.Tensor], geometry: LayerGeometry) -> PackedWords:
+        """``qweight`` as it is (codes along the input), beside the groups :meth:`to_quantized` reads."""
+        cfg = self.config
+        g_idx = check_g_idx(tensors["g_idx"], geometry.groups, cfg.group_size, act_order=cfg.act_order,
+                            whole=geometry.whole_input, first_group=geometry.first_group, what=geometry.prefix)
+        return PackedWords(tensors["qweight"], "input", IN_ORDER, tensors["scales"].to(torch.float32),
+                           gptq_zeros(tensors["qzeros"], cfg.bits, cfg.zeros_stored_minus_one), g_idx)

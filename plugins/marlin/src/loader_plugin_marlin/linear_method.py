@@ -34,10 +34,10 @@ import torch
 from loader.layers import LinearMethodBase, LinearShape, ParamLayout, WeightLoader, set_param_layout
 from loader.models import current_session
 
+from .deferred_parts import DeferredParts, cached_kernel, defers_reads
 from .kernels import LayerKernel
 from .layer_geometry import LayerGeometry, layer_geometry
 from .layer_kernels import (
-    build_kernel,
     plan_weight,
     refill_kernel_buffers,
     register_kernel_buffers,
@@ -46,6 +46,7 @@ from .layer_kernels import (
 from .param_specs import ParamSpec, land_part_scalar, land_shape_record, land_shared_g_idx
 from .quantized_weight import QuantizedWeight
 from .reopened_layers import check_whole_set, drop_reopened
+from .word_packing import layer_kernel, word_tensor
 
 if TYPE_CHECKING:
     from torch import nn
@@ -69,6 +70,8 @@ class PackedLayerState:
     g_idx_parts: list[object] = attrs.field(factory=list)
     kernel: LayerKernel | None = None
     update: UpdateRecord | None = None
+    deferred: DeferredParts | None = None
+    """The parts of the ``copy`` tensors remembered while a load with a packed-weights bundle lands them."""
 
 
 @attrs.define
@@ -82,6 +85,7 @@ class PackedLinearMethod(LinearMethodBase):
     """One layer of a packed checkpoint: created, loaded, checked, given a kernel and multiplied."""
 
     layer_state_attr = "packed_state"
+    process_weights_concurrently = True  # converts its own tensors into its own buffers
 
     def __init__(self, config: PackedQuantConfig) -> None:
         self.config = config
@@ -95,29 +99,35 @@ class PackedLinearMethod(LinearMethodBase):
             act_order=cfg.act_order, input_pack=layout.input_pack, output_pack=layout.output_pack,
         )
         specs = layout.params(geometry)
-        self._register_checkpoint_params(linear, specs, shape.weight_loader, device=None)
+        deferred = DeferredParts() if defers_reads(cfg) else None
+        self._register_checkpoint_params(linear, specs, shape.weight_loader, device=None, deferred=deferred)
         self.set_layer_state(layer, PackedLayerState(
             geometry=geometry, names=tuple(spec.name for spec in specs), params_dtype=shape.params_dtype,
-            weight_loader=shape.weight_loader))
+            weight_loader=shape.weight_loader, deferred=deferred))
 
     def _register_checkpoint_params(self, layer: LinearBase, specs: list[ParamSpec], weight_loader: WeightLoader,
-                                    device: torch.device | None, *, record: bool = False) -> None:
-        """One parameter per spec; ``record``: each write is recorded for an update (:meth:`_record_write`)."""
+                                    device: torch.device | None, *, record: bool = False,
+                                    deferred: DeferredParts | None = None) -> None:
+        """One parameter per spec; ``record``: each write is recorded for an update (:meth:`_record_write`);
+        ``deferred``: the ``copy`` tensors' parts are remembered there, not read (:mod:`.deferred_parts`)."""
         for spec in specs:
             param = torch.nn.Parameter(torch.empty(spec.shape, dtype=spec.dtype, device=device), requires_grad=False)
             loader = functools.partial(land_part_scalar, layer.shard_ids()) if spec.kind == "part_scalar" \
                 else weight_loader  # one value per part, whole on every rank: no narrowing, no shape of rows
             if record:
                 loader = functools.partial(self._record_write, layer, loader)
-            set_param_layout(param, self._layout(layer, spec, loader))
+            set_param_layout(param, self._layout(layer, spec, loader, deferred))
             layer.register_parameter(spec.name, param)
 
-    def _layout(self, layer: LinearBase, spec: ParamSpec, weight_loader: WeightLoader) -> ParamLayout:
+    def _layout(self, layer: LinearBase, spec: ParamSpec, weight_loader: WeightLoader,
+                deferred: DeferredParts | None = None) -> ParamLayout:
         load_part = None
         if spec.kind == "g_idx":
             load_part = functools.partial(self._load_g_idx, layer, spec.name)
         elif spec.kind == "shape":
             load_part = functools.partial(self._check_shape_record, layer)
+        elif spec.kind == "copy" and deferred is not None:
+            load_part = functools.partial(deferred.remember, spec.name)
         return ParamLayout(weight_loader=weight_loader, output_dim=spec.output_dim, input_dim=spec.input_dim,
                            packed_dim=spec.packed_dim, pack_factor=spec.pack_factor, load_part=load_part)
 
@@ -137,8 +147,21 @@ class PackedLinearMethod(LinearMethodBase):
     def quantized_weight(self, layer: nn.Module) -> QuantizedWeight:
         """This rank's weight in the internal representation, checked (before the kernel is chosen)."""
         state = self.layer_state(layer, PackedLayerState)
-        tensors = {name: cast(torch.Tensor, getattr(layer, name)).data for name in state.names}
-        return self.config.layout.to_quantized(tensors, state.geometry)
+        return self.config.layout.to_quantized(self._landed(layer, state), state.geometry)
+
+    @staticmethod
+    def _landed(layer: nn.Module, state: PackedLayerState, aside: str | None = None) -> dict[str, torch.Tensor]:
+        """The layer's checkpoint tensors, the deferred parts landed first (``aside``'s into scratch)."""
+        tensors: dict[str, torch.Tensor] = {}
+        for name in list(state.deferred.parts if state.deferred is not None else ()):
+            assert state.deferred is not None
+            param = cast(torch.Tensor, getattr(layer, name))
+            if name == aside:
+                tensors[name] = state.deferred.land_aside(name, param)
+            else:
+                state.deferred.land(name, param)
+        return {name: tensors[name] if name in tensors else cast(torch.Tensor, getattr(layer, name)).data
+                for name in state.names}
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Convert and check the checkpoint tensors, choose the kernel, replace the parameters by its buffers.
@@ -149,9 +172,20 @@ class PackedLinearMethod(LinearMethodBase):
         state = self.layer_state(layer, PackedLayerState)
         if state.kernel is not None and state.update is None:
             return
-        tensors = {name: cast(torch.Tensor, getattr(layer, name)).data for name in state.names}
-        kernel = build_kernel(self.config, state.geometry, tensors, state.params_dtype)
-        del tensors
+        if state.kernel is None:  # the load: from the packed-weights bundle when it holds the kernel
+            deferred = state.deferred.parts if state.deferred is not None else {}
+            values = {name: cast(torch.Tensor, getattr(layer, name)).data for name in state.names
+                      if name not in deferred}
+            aside = word_tensor(self.config)
+            kernel = cached_kernel(self.config, state.geometry, state.params_dtype, method=type(self).__name__,
+                                   deferred=deferred, values=values,
+                                   tensors=lambda: self._landed(layer, state, aside))
+            del values
+            if state.deferred is not None:
+                state.deferred.give_back()
+        else:
+            kernel = layer_kernel(self.config, state.geometry, self._landed(layer, state), state.params_dtype)
+        state.deferred = None
         for name in state.names:
             delattr(layer, name)
         if state.kernel is not None:

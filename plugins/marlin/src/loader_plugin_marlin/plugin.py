@@ -17,6 +17,8 @@ from loader.hookspecs import hookimpl
 from .names import DECLARED_METHODS
 
 if TYPE_CHECKING:
+    from collections.abc import Generator
+
     import torch
     from torch import nn
 
@@ -35,19 +37,37 @@ def _declared_method(hf_config: Mapping[str, Any]) -> object:
 def loader_detect_quantization(
     hf_config: Mapping[str, Any], requested: str | None, options: LoadOptions
 ) -> QuantizationConfig | None:
+    """The config of a GPTQ, AWQ, compressed-tensors, FP8 or ModelOpt checkpoint; a packed-integer one gets the
+    load's packed-weights bundle for its files (:mod:`.packed_cache`)."""
     if requested is None and _declared_method(hf_config) not in DECLARED_METHODS:
         return None  # the common case, answered before importing the config classes
-    from .detection import detect_packed
+    from .detection import attach_load_cache, detect_packed
 
-    return detect_packed(hf_config, requested, options.quantization_options)
+    config = detect_packed(hf_config, requested, options.quantization_options)
+    if config is not None:
+        attach_load_cache(config, options.weight_files)
+    return config
 
 
-@hookimpl
+@hookimpl(wrapper=True)
 def loader_process_weights_after_loading(model: nn.Module, quant_config: QuantizationConfig | None,
-                                         target_device: torch.device) -> None:
-    """A compressed-tensors checkpoint: its FP8 KV cache scales and online rotations reach their layers."""
-    if quant_config is None or quant_config.name != "compressed-tensors":
-        return  # answered before importing anything
-    from .ct_post_load import finish_compressed_tensors_load
+                                         target_device: torch.device) -> Generator[None, list[None], list[None]]:
+    """A compressed-tensors checkpoint: its FP8 KV cache scales and online rotations reach their layers (before
+    the layers are processed, as before). Once every layer succeeded: the load's packed-weights bundle is
+    written when it packed kernels it did not find there; a failed load writes nothing."""
+    if quant_config is not None and quant_config.name == "compressed-tensors":
+        from .ct_post_load import finish_compressed_tensors_load
 
-    finish_compressed_tensors_load(model, quant_config)
+        finish_compressed_tensors_load(model, quant_config)
+    try:
+        result = yield
+    finally:
+        if quant_config is not None and quant_config.name in DECLARED_METHODS:
+            from .deferred_parts import release_scratch
+
+            release_scratch()
+    if quant_config is not None and quant_config.name in DECLARED_METHODS:
+        from .detection import finish_load_cache
+
+        finish_load_cache(quant_config)
+    return result

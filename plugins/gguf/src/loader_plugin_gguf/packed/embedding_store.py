@@ -24,6 +24,7 @@ from ..format.kernels_legacy import half_at
 from ..format.tensors import GGUFTensor
 from .plan import int4_packed_bytes
 from .q4_blocks import GROUP_SIZE, PACKED_TYPES, affine_rows, int8_rows
+from .q4_k_packing import pack_q4_k_parts
 
 if TYPE_CHECKING:
     from torch import nn
@@ -170,13 +171,19 @@ def _blocks_buffers(state: GGUFEmbeddingState, window: GGUFTensor) -> dict[str, 
     """The rows' raw blocks, the padding rows zero (zero bytes dequantize to 0.0)."""
     raw, _ = window.enclosing_blocks()
     window.stats.add(raw.numel(), tensors=1)
-    blocks = torch.zeros(state.rows, raw.shape[1], dtype=torch.uint8)
+    blocks = torch.empty(state.rows, raw.shape[1], dtype=torch.uint8)  # each byte written once: fresh pages are dear
     blocks[: raw.shape[0]].copy_(raw)
+    blocks[raw.shape[0]:].zero_()
     return {"blocks": blocks}
 
 
 def _blocks_and_head_buffers(state: GGUFEmbeddingState, window: GGUFTensor) -> dict[str, torch.Tensor]:
-    """The raw blocks, and the tied head's packed int4 weight built from the same blocks."""
+    """The raw blocks, and the tied head's packed int4 weight built from the same blocks (Q4_K rows that fill
+    the table by the compiled helpers, :mod:`.q4_k_packing`)."""
+    compiled = pack_q4_k_parts([window], state.kernel_dtype) if window.shape[0] == state.rows else None
+    if compiled is not None:
+        return {**_blocks_buffers(state, window), "packed_weight": compiled.data,
+                "packed_scales_and_zeros": compiled.scales_and_zeros}
     decoded = affine_rows(window)
     pad = state.rows - decoded.codes.shape[0]
     codes = torch.nn.functional.pad(decoded.codes, (0, 0, 0, pad))

@@ -19,6 +19,7 @@ from .bundle_keys import unit_key
 from .half_split import pack_int4_half_split_parts
 from .plan import int4_packed_bytes
 from .q4_blocks import GROUP_SIZE, HALF_SPLIT_TYPES, affine_rows, half_split_rows, int8_rows
+from .q4_k_packing import pack_q4_k_parts
 
 if TYPE_CHECKING:
     from torch import nn
@@ -32,7 +33,8 @@ _HALF_SPLIT_NAMES = tuple(t.name for t in HALF_SPLIT_TYPES)
 
 
 def pack_int4_parts(parts: list[CheckpointTensor], dtype: torch.dtype) -> Int4CpuWeight:
-    """The layer's parts (in row order) in torch's int4 layout; Q4_0/Q4_1 without unpacking their nibbles."""
+    """The layer's parts (in row order) in torch's int4 layout; Q4_0/Q4_1 without unpacking their nibbles, Q4_K
+    by the compiled helpers when they take it (:mod:`.q4_k_packing`)."""
     if all(p.stored_type in _HALF_SPLIT_NAMES for p in parts):
         split = [half_split_rows(p) for p in parts]
         groups = int(split[0].qs.shape[1])
@@ -43,6 +45,9 @@ def pack_int4_parts(parts: list[CheckpointTensor], dtype: torch.dtype) -> Int4Cp
             start += h.rows
         # rows in llama.cpp's q/k order are read where they lie, not copied out first
         return pack_int4_half_split_parts([h.qs for h in split], scales_and_zeros, [h.order for h in split])
+    compiled = pack_q4_k_parts(parts, dtype) if all(p.stored_type == "Q4_K" for p in parts) else None
+    if compiled is not None:
+        return compiled
     decoded = [affine_rows(p) for p in parts]
     codes = torch.cat([d.codes for d in decoded])
     scales = torch.cat([d.scales for d in decoded], dim=1)

@@ -32,8 +32,8 @@ from ..format.kernels_legacy import half_at, nibbles
 from ..format.tensors import GGUFTensor
 
 __all__ = ["GROUP_SIZE", "HALF_SPLIT_TYPES", "INT4X2_TYPES", "PACKED_TYPES", "AffineRows", "HalfSplitRows",
-           "Int8Rows", "affine_rows", "decode_q4", "gguf_window", "half_split_rows", "int8_rows", "kernel_for",
-           "packing_reason"]
+           "Int8Rows", "SuperBlockRows", "affine_rows", "decode_q4", "gguf_window", "half_split_rows", "int8_rows",
+           "kernel_for", "packing_reason", "super_block_rows"]
 
 Q = GGMLQuantizationType
 GROUP_SIZE = 32
@@ -261,6 +261,25 @@ def half_split_rows(tensor: CheckpointTensor) -> HalfSplitRows:
     rows = raw.shape[0]
     blocks = raw.contiguous().view(rows, -1, size)
     return HalfSplitRows(blocks, 1 if ggml_type == Q.Q4_0 else 2, order)
+
+
+@attrs.frozen(eq=False)
+class SuperBlockRows:
+    """One Q4_K part as read: its super-blocks uint8 ``[stored rows, cols / 256, 144]`` (a view) and the indices
+    of its rows among them in the part's order (``None``: in order)."""
+
+    blocks: torch.Tensor
+    order: torch.Tensor | None = None
+
+
+def super_block_rows(tensor: CheckpointTensor) -> SuperBlockRows:
+    """A Q4_K part of whole super-blocks, its rows left where they are stored (:func:`packing_reason` ``None``)."""
+    window, raw, skip, order = _blocks_and_order(tensor)
+    _, size = block_shape(window.info.ggml_type)
+    blocks = raw.contiguous().view(raw.shape[0], -1, size)
+    if window.info.ggml_type != Q.Q4_K or skip or blocks.shape[1] * QK_K != window.shape[-1]:
+        raise ValueError(f"{tensor.describe()}: not whole Q4_K super-blocks")
+    return SuperBlockRows(blocks, order)
 
 
 def affine_rows(tensor: CheckpointTensor) -> AffineRows:
