@@ -44,11 +44,17 @@ def pytest_report_header(config: pytest.Config) -> str:
 def _isolated_loader_cache() -> Iterator[None]:
     """Every cache in a temp folder; GGUF's packed-weights bundle off, so that every packing test packs (a
     second load of a file would otherwise map what the first packed: tests/plugins/gguf/packed/test_bundle_keys.py
-    turns it on)."""
-    previous = {name: os.environ.get(name) for name in ("LOADER_CACHE_DIR", "LOADER_GGUF_PACKED_CACHE")}
+    turns it on); quantized layers plan their kernel paths by the static rule, not by timings of this machine
+    (deterministic: tests/core/test_kernel_paths.py turns timing on); float32 loads of packed-integer layers
+    compute in float32 (every reference these tests compare with is exact float32 arithmetic on the dequantized
+    weight: tests/plugins/marlin/test_kernel_paths.py checks the default bfloat16-cast path and its tolerance)."""
+    names = ("LOADER_CACHE_DIR", "LOADER_GGUF_PACKED_CACHE", "LOADER_KERNEL_MEASURE", "LOADER_KERNEL_EXACT_FLOAT32")
+    previous = {name: os.environ.get(name) for name in names}
     with tempfile.TemporaryDirectory(prefix="loader-test-cache-") as folder:
         os.environ["LOADER_CACHE_DIR"] = folder
         os.environ["LOADER_GGUF_PACKED_CACHE"] = "0"
+        os.environ["LOADER_KERNEL_MEASURE"] = "0"
+        os.environ["LOADER_KERNEL_EXACT_FLOAT32"] = "1"
         try:
             yield
         finally:
