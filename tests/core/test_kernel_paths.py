@@ -27,8 +27,8 @@ from loader.kernels import (
     run_planned,
     static_plan,
     token_bucket,
+    weight_paths,
 )
-from loader.kernels import weight_paths
 
 
 def test_calls_fall_in_buckets_by_their_token_count():

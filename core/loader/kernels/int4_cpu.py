@@ -92,9 +92,10 @@ class Int4CpuWeight:
         return w.view(n, k).to(dtype)
 
     def rows(self, start: int, stop: int) -> Int4CpuWeight:
-        """Output rows ``[start, stop)`` (a view; ``start`` and ``stop`` on the layout's row blocks, multiples
-        of 64, or ``stop`` the last row)."""
-        return attrs.evolve(self, data=self.data[start:stop], scales_and_zeros=self.scales_and_zeros[:, start:stop])
+        """Output rows ``[start, stop)`` (the codes a view, the scales a small copy: the kernel reads them
+        contiguous; ``start`` and ``stop`` on the layout's row blocks, multiples of 64, or ``stop`` the last row)."""
+        return attrs.evolve(self, data=self.data[start:stop],
+                            scales_and_zeros=self.scales_and_zeros[:, start:stop].contiguous())
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ w.T`` for ``x [..., K]`` in x's dtype (bfloat16, float16 or float32)."""

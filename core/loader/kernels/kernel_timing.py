@@ -35,8 +35,8 @@ from .._cache_root import cache_root, warn_cache_not_written
 from .._settings import KERNEL_MEASURE
 from .token_plan import TOKEN_BUCKETS, TokenPlan, plan_from_timings, static_plan
 
-__all__ = ["CALL_BUDGET_S", "HOPELESS", "MEASURE_ROWS", "MIN_SPAN_S", "ROUNDS", "Timings", "measure_paths", "measured_plan",
-           "timings_fingerprint", "timings_path"]
+__all__ = ["CALL_BUDGET_S", "HOPELESS", "MEASURE_ROWS", "MIN_SPAN_S", "ROUNDS", "Timings", "measure_paths",
+           "measured_plan", "timings_fingerprint", "timings_path"]
 
 MEASURE_ROWS = 1024
 """Output rows a layer kind is timed over (fewer when the layer has fewer)."""
@@ -171,8 +171,9 @@ def cached_timings(key: str, measure: Callable[[], Timings], extra_sources: Iter
         return found
 
 
-def measured_plan(key: str, dtype: torch.dtype, available: Sequence[str], make_paths: Callable[[], Mapping[str, PathCall]],
-                  in_features: int, *, exact: bool = False, extra_sources: Iterable[Path] = ()) -> TokenPlan:
+def measured_plan(key: str, dtype: torch.dtype, available: Sequence[str],
+                  make_paths: Callable[[], Mapping[str, PathCall]], in_features: int, *, exact: bool = False,
+                  extra_sources: Iterable[Path] = ()) -> TokenPlan:
     """The plan of a layer of kind ``key`` for activations of ``dtype``: the fastest available path per bucket
     by this machine's timings, or the static rule under ``LOADER_KERNEL_MEASURE=0``.
 

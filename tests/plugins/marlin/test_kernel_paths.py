@@ -13,8 +13,7 @@ import torch
 
 import loader
 from loader.errors import ConfigError
-from loader.kernels import PACKED_BF16_LOGITS_TOLERANCE, TOKEN_BUCKETS
-from loader.kernels import kernel_timing, weight_paths
+from loader.kernels import PACKED_BF16_LOGITS_TOLERANCE, TOKEN_BUCKETS, kernel_timing, weight_paths
 from loader_plugin_marlin.kernel_paths import DenseBudget, with_paths
 from loader_plugin_marlin.kernels import choose_kernel
 from loader_plugin_marlin.quantized_weight import QuantizedWeight, default_g_idx

@@ -104,7 +104,8 @@ class PackedQuantConfig(QuantizationConfig):
             counts[choice.kernel] = counts.get(choice.kernel, 0) + 1
         return {
             "method": self.name, "bits": self.bits, "group_size": self.group_size, "act_order": self.act_order,
-            "sym": self.sym, "kernel": self.kernel, "exact_float32": self.exact_float32, "skip_modules": list(self.skip_modules), "lm_head": self.lm_head,
+            "sym": self.sym, "kernel": self.kernel, "exact_float32": self.exact_float32,
+            "skip_modules": list(self.skip_modules), "lm_head": self.lm_head,
             "kernels": counts,
             "layers": {prefix: choice.record() for prefix, choice in sorted(self.kernel_log.items())},
         }

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import attrs
+
 from loader.errors import UnsupportedError
 from loader.layers import QuantizationConfig
-
-import attrs
 
 from .awq_format import awq_config_from_checkpoint
 from .compressed_tensors_config import CompressedTensorsConfig, ct_config_from_checkpoint

@@ -21,7 +21,6 @@ import torch
 
 from loader.errors import UnsupportedError
 from loader.kernels import KernelChoice, paths_from_shapes
-
 from loader.models import current_session
 
 from .column_chunks import int4_by_columns
@@ -46,8 +45,8 @@ def build_kernel(config: PackedQuantConfig, geometry: LayerGeometry, tensors: Ma
     packed in :func:`~.kernel_paths.kernel_dtype_for` the load's ``dtype``, with its path per token count."""
     layout = config.layout
     packed_dtype = kernel_dtype_for(dtype, config.exact_float32)
-    kernel = int4_by_columns(layout, geometry, tensors, bits=config.bits, requested=config.kernel,
-                             dtype=packed_dtype)
+    kernel: LayerKernel | None = int4_by_columns(layout, geometry, tensors, bits=config.bits,
+                                                 requested=config.kernel, dtype=packed_dtype)
     if kernel is None:
         kernel = choose_kernel(layout.to_quantized(tensors, geometry), config.kernel, packed_dtype)
     return with_paths(kernel, dtype, exact=config.exact_float32, budget=config.dense_budget)
