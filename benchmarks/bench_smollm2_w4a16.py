@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "benchmarks" / "out" / "smollm2-w4a16"
 TOKENS = 37
 PATHS = ("dense", "default", "exact")
+TAG = "kernel-paths-smollm2"
 
 
 def _build_dense(folder: Path) -> None:
@@ -72,7 +73,7 @@ def _child(path: str, folder: Path, reps: int, threads: int) -> None:
 
     torch.set_num_threads(threads)
     options = {"exact_float32": True} if path == "exact" else None
-    model, report = loader.load_model_with_report(str(folder), quantization_options=options)
+    model, report = loader.load_model_with_report(str(folder), dtype="auto", quantization_options=options)
     ids = torch.randint(3, 49152, (1, TOKENS), generator=torch.Generator().manual_seed(0))
     seconds = []
     with torch.inference_mode():
@@ -94,6 +95,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--results", type=Path, help="write the table into this RESULTS.md's section")
     parser.add_argument("--stage", choices=("dense", "quantize", "child"), help=argparse.SUPPRESS)
     parser.add_argument("--path", choices=PATHS, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -123,20 +125,36 @@ def main() -> int:
 
 
 def _report(runs: dict[str, list[float]], plans: dict[str, object], args: argparse.Namespace) -> None:
+    import os
+    from datetime import UTC, datetime
+
     import torch
+
+    from benchmarks.machine import describe_machine
 
     dense = statistics.median(runs["dense"])
     exact = torch.load(OUT / "logits-exact.pt")
-    print(f"SmolLM2-135M W4A16 g64 float32, {TOKENS}-token forward, {args.threads} threads, "
-          f"{args.rounds} fresh processes x {args.reps} forwards (medians)")
-    print("| path | seconds | vs dense | logits vs exact (rel.) | paths of the first layer |")
-    print("|---|---:|---:|---:|---|")
+    lines = [
+        "## SmolLM2-135M W4A16 (group 64, llm-compressor) in float32: a 37-token forward (issue 35)", "",
+        f"- Date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; machine: {describe_machine()}",
+        f"- 1-min load average at the end: {os.getloadavg()[0]:.2f} — other helpers were running tests and "
+        "benchmarks on this machine at the same time",
+        f"- {TOKENS}-token forward, {args.threads} threads, {args.rounds} fresh processes per path (interleaved) x "
+        f"{args.reps} forwards after a warm-up; medians; `dtype=\"auto\"` (the checkpoint says float32)", "",
+        "| path | seconds | vs dense float32 | logits vs exact float32 (rel., norm) | paths of the first layer |",
+        "|---|---:|---:|---:|---|"]
     for path in PATHS:
         seconds = statistics.median(runs[path])
         logits = torch.load(OUT / f"logits-{path}.pt")
-        error = float((logits - exact).norm() / exact.norm()) if path != "dense" else float("nan")
-        print(f"| {path} | {seconds:.3f} | {seconds / dense:.2f}x | {error:.2e} | {plans[path]} |")
-    print(f"reproduce: python benchmarks/bench_smollm2_w4a16.py {shlex.join(sys.argv[1:])}")
+        error = f"{float((logits - exact).norm() / exact.norm()):.2e}" if path != "dense" else "-"
+        lines.append(f"| {path} | {seconds:.3f} | {seconds / dense:.2f}x | {error} | {plans[path]} |")
+    lines += ["", f"Reproduce: `python benchmarks/bench_smollm2_w4a16.py {shlex.join(sys.argv[1:])}`"]
+    print("\n".join(lines))
+    if args.results:
+        from benchmarks.report import replace_block
+
+        existing = args.results.read_text() if args.results.exists() else ""
+        args.results.write_text(replace_block(existing, TAG, "\n".join(lines)))
 
 
 if __name__ == "__main__":

@@ -35,17 +35,19 @@ from .._cache_root import cache_root, warn_cache_not_written
 from .._settings import KERNEL_MEASURE
 from .token_plan import TOKEN_BUCKETS, TokenPlan, plan_from_timings, static_plan
 
-__all__ = ["CALL_BUDGET_S", "HOPELESS", "MEASURE_ROWS", "MIN_SPAN_S", "ROUNDS", "Timings", "measure_paths",
-           "measured_plan", "timings_fingerprint", "timings_path"]
+__all__ = ["CALL_BUDGET_S", "HOPELESS", "HOPELESS_MIN_S", "MEASURE_ROWS", "MIN_SPAN_S", "ROUNDS", "Timings",
+           "measure_paths", "measured_plan", "timings_fingerprint", "timings_path"]
 
 MEASURE_ROWS = 1024
 """Output rows a layer kind is timed over (fewer when the layer has fewer)."""
-ROUNDS = 5
-MIN_SPAN_S = 0.5
+ROUNDS = 7
+MIN_SPAN_S = 1.0
 """Rounds continue (up to ``4 * ROUNDS``) until the timing of a layer kind spans this many seconds."""
 CALL_BUDGET_S = 0.05
 """A call slower than this is timed in two rounds only."""
 HOPELESS = 8.0
+HOPELESS_MIN_S = 0.01
+"""A path this slow and :data:`HOPELESS` times behind at two buckets in a row is not timed at larger ones."""
 
 Timings = dict[int, dict[str, float]]
 """Seconds per call, by token bucket, then path."""
@@ -71,42 +73,42 @@ def measure_paths(paths: Mapping[str, PathCall], in_features: int, dtype: torch.
                   buckets: Sequence[int] = TOKEN_BUCKETS) -> Timings:
     """Seconds per call of each path at each bucket's token count, on random activations of ``dtype``.
 
-    Per bucket, :data:`ROUNDS` interleaved rounds over its paths — more, up to four times as many, until the
-    bucket's share of :data:`MIN_SPAN_S` has passed — the fastest call of each kept: a burst of other work
-    slows every path of a round alike, and the minimum over rounds spread in time finds the quiet moments.
-    After two rounds a path more than :data:`HOPELESS` times the bucket's best and over
-    :data:`CALL_BUDGET_S` is not timed again, nor at larger buckets (where it only loses more); no call over
-    :data:`CALL_BUDGET_S` is repeated more than twice.
+    :data:`ROUNDS` rounds over every (bucket, path) — more, up to four times as many, until :data:`MIN_SPAN_S`
+    has passed — the fastest call of each kept: a burst of other work slows the calls of one moment, and the
+    minimum over rounds spread over the whole span finds the quiet moments. A call over :data:`CALL_BUDGET_S`
+    is timed twice only. In the first round a path :data:`HOPELESS` times behind the best and over
+    :data:`HOPELESS_MIN_S` at the two buckets before is not timed at larger ones (where it only loses more).
     """
     generator = torch.Generator().manual_seed(0)
-    timings: Timings = {}
-    dropped: set[str] = set()
-    span = MIN_SPAN_S / len(buckets)
+    inputs = {bucket: torch.randn(bucket, in_features, generator=generator).to(dtype) for bucket in buckets}
+    timings: Timings = {bucket: {} for bucket in buckets}
+    samples: dict[tuple[int, str], int] = {}
+    live = {bucket: dict(paths) for bucket in buckets}
+    began, round_index = time.perf_counter(), 0
     with torch.inference_mode():
-        for bucket in buckets:
-            x = torch.randn(bucket, in_features, generator=generator).to(dtype)
-            live = {name: call for name, call in paths.items() if name not in dropped}
-            measured: dict[str, float] = {}
-            began, round_index = time.perf_counter(), 0
-            while live and (round_index < ROUNDS or (time.perf_counter() - began < span and round_index < 4 * ROUNDS)):
-                for name, call in list(live.items()):
+        while round_index < ROUNDS or (time.perf_counter() - began < MIN_SPAN_S and round_index < 4 * ROUNDS):
+            for index, bucket in enumerate(buckets):
+                if round_index == 0 and index >= 2:
+                    for name in _hopeless(timings[buckets[index - 1]]) & _hopeless(timings[buckets[index - 2]]):
+                        for later in buckets[index:]:
+                            live[later].pop(name, None)
+                for name, call in list(live[bucket].items()):
                     if round_index == 0:
-                        call(x)  # warm-up: first-touch allocations, lazily built kernels
-                    seconds = _timed(call, x)
-                    measured[name] = min(seconds, measured.get(name, seconds))
-                    if round_index >= 1 and seconds > CALL_BUDGET_S:
-                        del live[name]
-                if round_index == 1:
-                    dropped |= _hopeless(measured)
-                    live = {name: call for name, call in live.items() if name not in dropped}
-                round_index += 1
-            timings[bucket] = measured
+                        call(inputs[bucket])  # warm-up: first-touch allocations, lazily built kernels
+                    seconds = _timed(call, inputs[bucket])
+                    timings[bucket][name] = min(seconds, timings[bucket].get(name, seconds))
+                    samples[bucket, name] = samples.get((bucket, name), 0) + 1
+                    if seconds > CALL_BUDGET_S and samples[bucket, name] >= 2:
+                        del live[bucket][name]
+            round_index += 1
     return timings
 
 
 def _hopeless(measured: Mapping[str, float]) -> set[str]:
+    if not measured:
+        return set()
     best = min(measured.values())
-    return {name for name, seconds in measured.items() if seconds > HOPELESS * best and seconds > CALL_BUDGET_S}
+    return {name for name, seconds in measured.items() if seconds > HOPELESS * best and seconds > HOPELESS_MIN_S}
 
 
 @functools.cache

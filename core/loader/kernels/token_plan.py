@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-__all__ = ["DENSE", "DEQUANTIZE", "PACKED", "PACKED_BF16", "PATHS", "TOKEN_BUCKETS", "TokenPlan", "bucket_label",
+__all__ = ["DENSE", "DEQUANTIZE", "MARGIN", "PACKED", "PACKED_BF16", "PATHS", "TOKEN_BUCKETS", "TokenPlan", "bucket_label",
            "plan_from_timings", "static_plan", "token_bucket"]
 
 PACKED = "packed"
@@ -41,6 +41,10 @@ PATHS = (PACKED, PACKED_BF16, DEQUANTIZE, DENSE)
 
 TOKEN_BUCKETS = (1, 8, 32, 128, 512)
 """The token counts measured; a call of ``m`` tokens runs the plan of the bucket :func:`token_bucket` gives."""
+
+MARGIN = 1.2
+"""How much slower than the fastest measured path the static rule's path may be and still be kept: timings on
+a shared machine move by tens of percent, and the rule's path is the one known good on every machine measured."""
 
 _UPPER = (1, 16, 64, 256)  # the last token count of each bucket but the last (geometric midpoints)
 
@@ -105,8 +109,9 @@ def static_plan(dtype: str, available: Sequence[str], exact: bool = False) -> To
 
 def plan_from_timings(dtype: str, timings: Mapping[int, Mapping[str, float]], available: Sequence[str],
                       exact: bool = False) -> TokenPlan:
-    """Per bucket, the fastest of ``available`` that has a timing; a bucket where none has falls back to the
-    static rule's path (a kernel missing on this layer, or never measured, is never chosen).
+    """Per bucket, the fastest of ``available`` that has a timing — the static rule's path when it is within
+    :data:`MARGIN` of it; a bucket where none has a timing falls back to the static rule's path (a kernel
+    missing on this layer, or never measured, is never chosen).
 
     :param timings: seconds per call, by bucket then path (paths the layer cannot run may appear: skipped).
     """
@@ -114,5 +119,12 @@ def plan_from_timings(dtype: str, timings: Mapping[int, Mapping[str, float]], av
     paths = []
     for index, bucket in enumerate(TOKEN_BUCKETS):
         measured = {path: t for path, t in timings.get(bucket, {}).items() if path in available}
-        paths.append(min(measured, key=lambda p: measured[p]) if measured else static.paths[index])
+        fallback = static.paths[index]
+        if not measured:
+            paths.append(fallback)
+            continue
+        fastest = min(measured, key=lambda p: measured[p])
+        # the static rule's path stands unless another is clearly faster (timing noise must not flip it)
+        keep = fallback in measured and measured[fallback] <= MARGIN * measured[fastest]
+        paths.append(fallback if keep else fastest)
     return TokenPlan(dtype, tuple(paths), "measured")
