@@ -110,7 +110,7 @@ def static_plan(dtype: str, available: Sequence[str], exact: bool = False) -> To
 def plan_from_timings(dtype: str, timings: Mapping[int, Mapping[str, float]], available: Sequence[str],
                       exact: bool = False) -> TokenPlan:
     """Per bucket, the fastest of ``available`` that has a timing — the static rule's path when it is within
-    :data:`MARGIN` of it; a bucket where none has a timing falls back to the static rule's path (a kernel
+    :data:`MARGIN` of it, unless the fastest is ``dequantize`` (the dequantized twin); a bucket where none has a timing falls back to the static rule's path (a kernel
     missing on this layer, or never measured, is never chosen).
 
     :param timings: seconds per call, by bucket then path (paths the layer cannot run may appear: skipped).
@@ -124,7 +124,8 @@ def plan_from_timings(dtype: str, timings: Mapping[int, Mapping[str, float]], av
             paths.append(fallback)
             continue
         fastest = min(measured, key=lambda p: measured[p])
-        # the static rule's path stands unless another is clearly faster (timing noise must not flip it)
-        keep = fallback in measured and measured[fallback] <= MARGIN * measured[fastest]
+        # the static rule's path stands unless another is clearly faster (timing noise must not flip it); the
+        # dequantized twin replaces it whenever faster at all: a quantized path is never slower than its twin
+        keep = fallback in measured and measured[fallback] <= MARGIN * measured[fastest] and fastest != DEQUANTIZE
         paths.append(fallback if keep else fastest)
     return TokenPlan(dtype, tuple(paths), "measured")
