@@ -29,8 +29,8 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-__all__ = ["DENSE", "DEQUANTIZE", "MARGIN", "PACKED", "PACKED_BF16", "PATHS", "TOKEN_BUCKETS", "TokenPlan", "bucket_label",
-           "plan_from_timings", "static_plan", "token_bucket"]
+__all__ = ["DENSE", "DEQUANTIZE", "MARGIN", "PACKED", "PACKED_BF16", "PATHS", "TOKEN_BUCKETS", "TokenPlan",
+           "bucket_label", "plan_from_timings", "static_plan", "token_bucket"]
 
 PACKED = "packed"
 PACKED_BF16 = "packed-bf16"
@@ -109,9 +109,10 @@ def static_plan(dtype: str, available: Sequence[str], exact: bool = False) -> To
 
 def plan_from_timings(dtype: str, timings: Mapping[int, Mapping[str, float]], available: Sequence[str],
                       exact: bool = False) -> TokenPlan:
-    """Per bucket, the fastest of ``available`` that has a timing — the static rule's path when it is within
-    :data:`MARGIN` of it, unless the fastest is ``dequantize`` (the dequantized twin); a bucket where none has a timing falls back to the static rule's path (a kernel
-    missing on this layer, or never measured, is never chosen).
+    """Per bucket, the fastest of ``available`` that has a timing — but the static rule's path when it is
+    within :data:`MARGIN` of it, unless the fastest is ``dequantize`` (the dequantized twin); a bucket where
+    none has a timing falls back to the static rule's path (a kernel missing on this layer, or never measured,
+    is never chosen).
 
     :param timings: seconds per call, by bucket then path (paths the layer cannot run may appear: skipped).
     """

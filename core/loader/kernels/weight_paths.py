@@ -11,7 +11,8 @@ Accuracy of each path against exact float32 arithmetic on the checkpoint's weigh
 - ``dense`` / ``dequantize``: the weight as kept (scales in the kernel dtype: exact in float32 under the
   exact option, else the scales rounded to bfloat16, a relative error up to 2^-9 per weight), one matmul in
   the activations' dtype.
-- ``packed``: the same weight; the packed kernel accumulates in float32 and rounds each output to its dtype.
+- ``packed``: the same weight; the packed kernel accumulates in float32 and rounds each output to its dtype
+  (bfloat16/float16 activations only: torch's float32 packed kernels lost to dequantizing at every size).
 - ``packed-bf16`` (float32 activations): the activations rounded to bfloat16 (2^-9 relative each) and each
   output rounded to bfloat16 before the cast back; logits of a whole model differ from exact float32 by about
   1 % (relative, norm-wise: :data:`PACKED_BF16_LOGITS_TOLERANCE`).
@@ -66,13 +67,15 @@ class PathWeight(Protocol):
 def available_paths(weight: PathWeight, dtype: torch.dtype, *, exact: bool = False,
                     dense: bool = False) -> tuple[str, ...]:
     """The paths ``weight`` can run for activations of ``dtype``: ``packed`` when its kernel computes in that
-    dtype, ``packed-bf16`` for float32 activations over a bfloat16 kernel (not under ``exact``), always
-    ``dequantize``, and ``dense`` when a dequantized copy is (or may be) kept."""
+    dtype (bfloat16, float16), ``packed-bf16`` for float32 activations over a bfloat16 kernel (not under
+    ``exact``), always ``dequantize``, and ``dense`` when a dequantized copy is (or may be) kept."""
     return _available(weight.kernel_dtype, dtype, exact, dense)
 
 
 def _available(kernel_dtype: torch.dtype, dtype: torch.dtype, exact: bool, dense: bool) -> tuple[str, ...]:
-    paths = [PACKED] if kernel_dtype == dtype else []
+    # torch's float32 packed kernels were 10-50x slower than dequantizing at every size measured (and never
+    # clearly faster at one token): not offered, so timing noise cannot pick them
+    paths = [PACKED] if kernel_dtype == dtype and dtype != torch.float32 else []
     if dtype == torch.float32 and kernel_dtype == torch.bfloat16 and not exact:
         paths.append(PACKED_BF16)
     paths.append(DEQUANTIZE)

@@ -8,7 +8,7 @@ and attaches the plan to a built kernel (:func:`with_paths`):
 * the kernel dtype (:func:`kernel_dtype_for`): the load's dtype, except that a float32 load packs its scales
   in bfloat16 — torch's int4 kernel in float32 was 10-50x slower than on bfloat16-cast activations on every
   size measured — unless ``quantization_options={"exact_float32": True}``, which keeps float32 scales and only
-  paths that compute in float32 (``dequantize``, ``dense``, the float32 ``packed``);
+  paths that compute in float32 (``dequantize``, ``dense``);
 * the plan: timed on this machine at the first layer of each kind (``LOADER_KERNEL_MEASURE=0``: the static rule);
 * the dense copy: kept for a layer whose plan runs ``dense`` for some token bucket, only while the load's copies
   stay within ``LOADER_KERNEL_DENSE_BUDGET`` bytes (default 0: never; a quantized model keeps its size).
