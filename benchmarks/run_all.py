@@ -48,7 +48,8 @@ BENCH_DIR = Path(__file__).resolve().parent
 READ_PATHS = "read_paths"
 SINGLE_PROCESS = ("loader", "loader_copy", "transformers", "vllm_loop", "floor")
 TP_PATHS = ("loader_tp2", "sharded_tp2")
-CARRIED_BLOCKS = ("fallback", "bin", "moe", "update", "quantized-formats", "quant-repack")
+CARRIED_BLOCKS = ("fallback", "bin", "moe", "update", "quantized-formats", "quant-repack", "kernel-paths",
+                  "kernel-paths-smollm2")
 """Sections of RESULTS.md written by the single-purpose benchmarks, kept across runs."""
 
 

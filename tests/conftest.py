@@ -44,13 +44,20 @@ def pytest_report_header(config: pytest.Config) -> str:
 def _isolated_loader_cache() -> Iterator[None]:
     """Every cache in a temp folder; GGUF's and marlin's packed-weights bundles off, so that every packing test
     packs (a second load of a file would otherwise map what the first packed: tests/plugins/gguf/packed/
-    test_bundle_keys.py and tests/plugins/marlin/test_packed_cache.py turn them on)."""
+    test_bundle_keys.py and tests/plugins/marlin/test_packed_cache.py turn them on); quantized layers plan their
+    kernel paths by the static rule, not by timings of this machine (deterministic: tests/core/test_kernel_paths.py
+    turns timing on); float32 loads of packed-integer layers compute in float32 (every reference these tests
+    compare with is exact float32 arithmetic on the dequantized weight: tests/plugins/marlin/test_kernel_paths.py
+    checks the default bfloat16-cast path and its tolerance)."""
     bundles = ("LOADER_GGUF_PACKED_CACHE", "LOADER_MARLIN_PACKED_CACHE")
-    previous = {name: os.environ.get(name) for name in ("LOADER_CACHE_DIR", *bundles)}
+    names = ("LOADER_CACHE_DIR", *bundles, "LOADER_KERNEL_MEASURE", "LOADER_KERNEL_EXACT_FLOAT32")
+    previous = {name: os.environ.get(name) for name in names}
     with tempfile.TemporaryDirectory(prefix="loader-test-cache-") as folder:
         os.environ["LOADER_CACHE_DIR"] = folder
         for name in bundles:
             os.environ[name] = "0"
+        os.environ["LOADER_KERNEL_MEASURE"] = "0"
+        os.environ["LOADER_KERNEL_EXACT_FLOAT32"] = "1"
         try:
             yield
         finally:

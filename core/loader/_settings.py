@@ -23,6 +23,9 @@ __all__ = [
     "CACHE_DIR",
     "DISABLE_PLUGINS",
     "INTERNAL",
+    "KERNEL_DENSE_BUDGET",
+    "KERNEL_EXACT_FLOAT32",
+    "KERNEL_MEASURE",
     "MAP_MIN_BYTES",
     "MAP_WEIGHTS",
     "NATIVE_REPACK",
@@ -63,13 +66,29 @@ PROBE_TIMEOUT = Setting(
 
 CACHE_DIR: Setting[Path | None] = Setting(
     "LOADER_CACHE_DIR", FOLDER, default=None, default_doc="the user cache folder's `loader/`",
-    doc="where the capability cache (`model-info/`), the compiled packing helpers (`native/`) and GGUF's "
-        "packed-weights bundles (`gguf-packed/`) live")
+    doc="where the capability cache (`model-info/`), the compiled packing helpers (`native/`), the kernel "
+        "timings (`kernel-timings/`) and GGUF's packed-weights bundles (`gguf-packed/`) live")
 NATIVE_REPACK = Setting(
     "LOADER_NATIVE_REPACK", FLAG, default=True,
     doc="`0`: pack int4/int8 weights with torch only; by default the first packed load compiles "
         "`native_packing.c` with `$CC` (else `cc`, ~0.2 s, once per machine) and later loads reuse it; "
         "without a compiler torch packs the same bytes, slower, with one warning")
+
+# --- kernels -----------------------------------------------------------------------------------------------
+
+KERNEL_MEASURE = Setting(
+    "LOADER_KERNEL_MEASURE", FLAG, default=True,
+    doc="`0`: quantized layers choose their path per token count by the static rule instead of timing each "
+        "path on first use (timings are cached in `kernel-timings/`; see [Concepts](concepts.md#kernel-paths))")
+KERNEL_EXACT_FLOAT32 = Setting(
+    "LOADER_KERNEL_EXACT_FLOAT32", FLAG, default=False,
+    doc="`1`: float32 loads of GPTQ/AWQ/compressed-tensors packed layers compute in float32 only, as "
+        "`quantization_options={\"exact_float32\": true}` asks (which wins when given); by default float32 "
+        "activations may be cast to bfloat16 for the packed kernel")
+KERNEL_DENSE_BUDGET = Setting(
+    "LOADER_KERNEL_DENSE_BUDGET", integer(0, unit="bytes"), default=0,
+    doc="bytes of dequantized weights a load may keep beside the quantized ones, for layers whose measured "
+        "fastest path is the kept dense weight (`0`: none; a quantized model stays its quantized size)")
 
 # --- reading and memory ------------------------------------------------------------------------------------
 
@@ -101,8 +120,9 @@ SKIP_MEMORY_CHECK = Setting(
         "unified memory)")
 
 SETTINGS: tuple[Setting[object], ...] = (
-    PLUGINS, DISABLE_PLUGINS, OVERRIDE_ARCHITECTURES, CACHE_DIR, NATIVE_REPACK, PROBE_IN_PROCESS, PROBE_TIMEOUT,
-    SKIP_MEMORY_CHECK, READ_THREADS, MAP_WEIGHTS, MAP_MIN_BYTES,
+    PLUGINS, DISABLE_PLUGINS, OVERRIDE_ARCHITECTURES, CACHE_DIR, NATIVE_REPACK, KERNEL_MEASURE, KERNEL_EXACT_FLOAT32,
+    KERNEL_DENSE_BUDGET,
+    PROBE_IN_PROCESS, PROBE_TIMEOUT, SKIP_MEMORY_CHECK, READ_THREADS, MAP_WEIGHTS, MAP_MIN_BYTES,
 )
 """The core's user settings, in the order the user guide lists them."""
 

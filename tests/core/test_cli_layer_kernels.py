@@ -29,6 +29,22 @@ def test_the_summary_counts_kernels_and_names_each_fallback_reason_once():
     ]
 
 
+def test_the_layer_table_shows_the_path_per_token_bucket(capsys):
+    """One path for every bucket prints once; paths that change with the tokens print per bucket."""
+    mixed = {"1": "packed-bf16", "2-16": "packed-bf16", "17-64": "packed-bf16", "65-256": "dequantize",
+             "257+": "dequantize"}
+    print_layer_table({
+        "a": {"kernel": "int4pack", "reason": None, "by_tokens": {"float32": dict.fromkeys(mixed, "packed-bf16")},
+              "paths_from": "static"},
+        "b": {"kernel": "int4pack", "reason": None, "by_tokens": {"float32": mixed}, "paths_from": "measured"},
+    })
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["layer", "kernel", "reason", "by_tokens", "paths_from"]
+    assert lines[2].split() == ["a", "int4pack", "float32:", "packed-bf16", "static"]
+    assert lines[3].split() == ["b", "int4pack", "float32:", "1=packed-bf16", "2-16=packed-bf16",
+                                "17-64=packed-bf16", "65-256=dequantize", "257+=dequantize", "measured"]
+
+
 def test_the_layer_table_shows_every_layer_and_the_records_own_keys(capsys):
     print_layer_table(RECORDS)
     lines = capsys.readouterr().out.splitlines()

@@ -25,8 +25,9 @@ def test_the_int4_wrapper_takes_any_affine_4bit_weight_and_explains_what_it_refu
     assert int4_unsupported_reason(64, 96, 64) == "input features 96 are not a multiple of the group size 64"
     with pytest.raises(ValueError, match="do not describe groups of 32 input columns"):
         pack_int4(codes, d[:3], m[:3], 32)
-    with pytest.raises(ValueError, match="packed int4 layout cannot be dequantized"):
-        packed.dequantize()
+    # packed codes are read back from torch's layout: the dequantize path multiplies this weight
+    assert torch.allclose(packed.dequantize(), reference, atol=1e-5)
+    assert torch.equal(packed.dequantize(torch.bfloat16), packed.dequantize().to(torch.bfloat16))
 
 
 def _reference_int4pack(codes: torch.Tensor, block_n: int) -> torch.Tensor:

@@ -52,5 +52,5 @@ def test_names_are_imported_on_first_access_and_the_choice_record_without_torch(
     done = subprocess.run([sys.executable, "-c", LAZY], capture_output=True, text=True, check=True)
     steps = json.loads(done.stdout)
     assert steps["import"] == []
-    assert steps["KernelChoice"] == ["loader.kernels.choice"]
+    assert steps["KernelChoice"] == ["loader.kernels.choice", "loader.kernels.token_plan"]  # both light
     assert {"torch", "loader.kernels.int4_cpu"} <= set(steps["pack_int4"])

@@ -88,6 +88,24 @@ def _map_min_bytes() -> object:
     return min_map_bytes()
 
 
+def _kernel_measure() -> object:
+    from loader.kernels import paths_from_shapes
+
+    return paths_from_shapes(torch.float32, torch.bfloat16)
+
+
+def _kernel_exact() -> object:
+    from loader.kernels import exact_float32_default
+
+    return exact_float32_default()
+
+
+def _kernel_dense_budget() -> object:
+    from loader.kernels import dense_budget
+
+    return dense_budget()
+
+
 def _tp_launched() -> object:
     from loader._cli.tp_launch import worker_exit
 
@@ -112,6 +130,9 @@ BAD: dict[str, tuple[str, str, Callable[[], object]]] = {
     "LOADER_MAP_WEIGHTS": ("mapped", YES_NO, _map_weights),
     "LOADER_MAP_MIN_BYTES": ("1MiB", "a whole number of bytes (at least 0)", _map_min_bytes),
     "LOADER_TP_LAUNCHED": ("2", YES_NO, _tp_launched),
+    "LOADER_KERNEL_MEASURE": ("often", YES_NO, _kernel_measure),
+    "LOADER_KERNEL_EXACT_FLOAT32": ("exact", YES_NO, _kernel_exact),
+    "LOADER_KERNEL_DENSE_BUDGET": ("1GB", "a whole number of bytes (at least 0)", _kernel_dense_budget),
 }
 
 

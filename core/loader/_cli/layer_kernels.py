@@ -5,7 +5,8 @@ A quantization's ``describe()`` may hold ``layers``: ``{prefix: {"kernel":
 the preferred kernel, why: each a :meth:`loader.kernels.KernelChoice.record`),
 and :meth:`~loader.layers.QuantizeMethodBase.layer_plan` gives the same
 records before loading. Any plugin's records print here; keys beyond
-``kernel`` and ``reason`` (``types``, ``packed_bytes``) become columns.
+``kernel`` and ``reason`` (``types``, ``packed_bytes``, the path per token bucket ``by_tokens`` and where it
+came from, ``paths_from``) become columns.
 """
 
 from __future__ import annotations
@@ -39,8 +40,19 @@ def kernel_summary_lines(layers: LayerRecords) -> list[str]:
 
 
 def _cell(value: Any) -> Any:
-    """A list (GGUF's per-part block ``types``) as ``Q4_1, Q8_0``; anything else as it is."""
-    return ", ".join(str(v) for v in value) if isinstance(value, list | tuple) else value
+    """A list (GGUF's per-part block ``types``) as ``Q4_1, Q8_0``; the paths per token bucket (``by_tokens``)
+    as ``float32: packed-bf16`` when every bucket runs one, else ``float32: 1=packed-bf16 ... 257+=dequantize``;
+    anything else as it is."""
+    if isinstance(value, list | tuple):
+        return ", ".join(str(v) for v in value)
+    if isinstance(value, Mapping):
+        parts = []
+        for dtype, buckets in value.items():
+            paths = set(buckets.values()) if isinstance(buckets, Mapping) else {buckets}
+            shown = next(iter(paths)) if len(paths) == 1 else " ".join(f"{b}={p}" for b, p in buckets.items())
+            parts.append(f"{dtype}: {shown}")
+        return "; ".join(parts)
+    return value
 
 
 def print_layer_table(layers: LayerRecords) -> None:

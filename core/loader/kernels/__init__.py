@@ -9,6 +9,10 @@
   :class:`Int8GroupedWeight`, :func:`int8_grouped_unsupported_reason`).
 - The compiled packing helpers (:func:`native_repack`, built on first use with ``$CC``; torch writes the same
   bytes without them) and :func:`packed_layout_fingerprint`, a digest of what decides packed bytes.
+- Per call, which path a kept weight runs (:mod:`~loader.kernels.token_plan`: ``packed``, ``packed-bf16``,
+  ``dequantize``, ``dense``) by activation dtype and tokens: a :class:`TokenPlan` from timings measured on this
+  machine once and cached (:func:`plan_weight_paths`), or the static rule (:func:`static_plan`); the weight
+  runs it with :func:`run_planned` / :func:`run_path`.
 - The packed-weights bundle (:class:`PackedBundle`): what a quantize method packed, kept on disk and mapped
   copy-on-write by the next load of the same files (:func:`source_identity`, :func:`packing_salt` name it).
 
@@ -44,9 +48,54 @@ if TYPE_CHECKING:
         pack_int8,
         pack_int8_grouped,
     )
+    from .kernel_timing import measure_paths, measured_plan
     from .native_packing import NativeRepack, native_repack, native_repack_unavailable_reason
+    from .token_plan import (
+        DENSE,
+        DEQUANTIZE,
+        PACKED,
+        PACKED_BF16,
+        TOKEN_BUCKETS,
+        TokenPlan,
+        bucket_label,
+        plan_from_timings,
+        static_plan,
+        token_bucket,
+    )
+    from .weight_paths import (
+        PACKED_BF16_LOGITS_TOLERANCE,
+        PathWeight,
+        available_paths,
+        dense_budget,
+        exact_float32_default,
+        paths_from_shapes,
+        plan_weight_paths,
+        run_path,
+        run_planned,
+    )
 
 __all__ = [
+    "DENSE",
+    "DEQUANTIZE",
+    "PACKED",
+    "PACKED_BF16",
+    "PACKED_BF16_LOGITS_TOLERANCE",
+    "TOKEN_BUCKETS",
+    "PathWeight",
+    "TokenPlan",
+    "available_paths",
+    "bucket_label",
+    "dense_budget",
+    "exact_float32_default",
+    "measure_paths",
+    "measured_plan",
+    "paths_from_shapes",
+    "plan_from_timings",
+    "plan_weight_paths",
+    "run_path",
+    "run_planned",
+    "static_plan",
+    "token_bucket",
     "Int4CpuWeight",
     "Int8CpuWeight",
     "Int8GroupedWeight",
@@ -93,6 +142,27 @@ __getattr__, __dir__ = lazy_exports(__name__, globals(), {
     "int8_unsupported_reason": ".int8_cpu",
     "pack_int8": ".int8_cpu",
     "pack_int8_grouped": ".int8_cpu",
+    "measure_paths": ".kernel_timing",
+    "measured_plan": ".kernel_timing",
+    "DENSE": ".token_plan",
+    "DEQUANTIZE": ".token_plan",
+    "PACKED": ".token_plan",
+    "PACKED_BF16": ".token_plan",
+    "TOKEN_BUCKETS": ".token_plan",
+    "TokenPlan": ".token_plan",
+    "bucket_label": ".token_plan",
+    "plan_from_timings": ".token_plan",
+    "static_plan": ".token_plan",
+    "token_bucket": ".token_plan",
+    "PACKED_BF16_LOGITS_TOLERANCE": ".weight_paths",
+    "PathWeight": ".weight_paths",
+    "available_paths": ".weight_paths",
+    "dense_budget": ".weight_paths",
+    "exact_float32_default": ".weight_paths",
+    "paths_from_shapes": ".weight_paths",
+    "plan_weight_paths": ".weight_paths",
+    "run_path": ".weight_paths",
+    "run_planned": ".weight_paths",
     "NativeRepack": ".native_packing",
     "native_repack": ".native_packing",
     "native_repack_unavailable_reason": ".native_packing",

@@ -21,6 +21,8 @@ from typing import Any
 
 import attrs
 
+from .token_plan import TokenPlan
+
 __all__ = ["KernelChoice", "KernelOption", "choose_kernel"]
 
 
@@ -35,6 +37,8 @@ class KernelChoice:
         not report it.
     :ivar packed_bytes: the bytes the kernel keeps for the layer (reported with :attr:`types`).
     :ivar dtype: what a dequantized layer holds (reported with :attr:`types`; ``None`` for a packed one).
+    :ivar paths: which path (:mod:`~loader.kernels.token_plan`) a call runs, per activation dtype and token
+        bucket (empty when the method plans none); recorded as ``by_tokens``.
     """
 
     kernel: str
@@ -42,14 +46,20 @@ class KernelChoice:
     types: tuple[str, ...] = ()
     packed_bytes: int = 0
     dtype: str | None = None
+    paths: tuple[TokenPlan, ...] = ()
 
     def record(self) -> dict[str, Any]:
         """The load report's (and ``loader inspect --layers``') record: ``kernel`` and ``reason``; with
-        :attr:`types` also ``types``, ``packed_bytes`` and ``dtype``."""
-        if not self.types:
-            return {"kernel": self.kernel, "reason": self.reason}
-        return {"kernel": self.kernel, "types": self.types, "packed_bytes": self.packed_bytes,
-                "reason": self.reason, "dtype": self.dtype}
+        :attr:`types` also ``types``, ``packed_bytes`` and ``dtype``; with :attr:`paths` also ``by_tokens``
+        (``{dtype: {"1": path, "2-16": path, ...}}``) and ``paths_from`` (``measured`` or ``static``)."""
+        record: dict[str, Any] = {"kernel": self.kernel, "reason": self.reason}
+        if self.types:
+            record = {"kernel": self.kernel, "types": self.types, "packed_bytes": self.packed_bytes,
+                      "reason": self.reason, "dtype": self.dtype}
+        if self.paths:
+            record["by_tokens"] = {plan.dtype: plan.record() for plan in self.paths}
+            record["paths_from"] = "+".join(dict.fromkeys(plan.source for plan in self.paths))
+        return record
 
 
 @attrs.frozen

@@ -26,7 +26,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from .int4_layout import pack_codes_bytes, torch_int4_block_n
+from .int4_layout import pack_codes_bytes, torch_int4_block_n, unpack_int4_codes
 
 __all__ = ["KERNEL_GROUP_SIZES", "Int4CpuWeight", "int4_scales_and_zeros", "int4_unsupported_reason", "pack_int4",
            "pack_int4_codes"]
@@ -71,13 +71,31 @@ class Int4CpuWeight:
         """The dtype the kernel computes in: its scales' (activations are cast to it)."""
         return self.scales_and_zeros.dtype
 
+    @property
+    def out_features(self) -> int:
+        return int(self.data.shape[0])
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The weight ``[N, K]`` (only for unpacked codes: torch's packed layout is opaque)."""
-        if self.packed:
-            raise ValueError("the packed int4 layout cannot be dequantized; keep the source codes for that")
-        sz = self.scales_and_zeros.to(torch.float32).repeat_interleave(self.group_size, 0)  # [K, N, 2]
-        w = (self.data.to(torch.float32) - 8) * sz[..., 0].t() + sz[..., 1].t()
-        return w.to(dtype)
+        """The weight ``[N, K]``, ``(q - 8) * scale + zero`` computed in float32, then cast to ``dtype``.
+
+        Packed codes are read back from torch's layout (:func:`~.int4_layout.unpack_int4_codes`, which needs
+        the layout known: :func:`~.int4_layout.torch_int4_block_n`); the dequantize path runs this per call.
+        """
+        if not self.packed:
+            sz = self.scales_and_zeros.to(torch.float32).repeat_interleave(self.group_size, 0)  # [K, N, 2]
+            return ((self.data.to(torch.float32) - 8) * sz[..., 0].t() + sz[..., 1].t()).to(dtype)
+        codes = unpack_int4_codes(self.data)
+        n, k = (int(s) for s in codes.shape)
+        sz = self.scales_and_zeros.to(torch.float32)
+        w = codes.view(n, k // self.group_size, self.group_size).to(torch.float32)
+        w.sub_(8).mul_(sz[..., 0].t().unsqueeze(-1)).add_(sz[..., 1].t().unsqueeze(-1))
+        return w.view(n, k).to(dtype)
+
+    def rows(self, start: int, stop: int) -> Int4CpuWeight:
+        """Output rows ``[start, stop)`` (the codes a view, the scales a small copy: the kernel reads them
+        contiguous; ``start`` and ``stop`` on the layout's row blocks, multiples of 64, or ``stop`` the last row)."""
+        return attrs.evolve(self, data=self.data[start:stop],
+                            scales_and_zeros=self.scales_and_zeros[:, start:stop].contiguous())
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ w.T`` for ``x [..., K]`` in x's dtype (bfloat16, float16 or float32)."""

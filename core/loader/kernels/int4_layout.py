@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-__all__ = ["BLOCK_NS", "pack_codes_bytes", "torch_int4_block_n", "unpack_int4_rows"]
+__all__ = ["BLOCK_NS", "pack_codes_bytes", "torch_int4_block_n", "unpack_int4_codes", "unpack_int4_rows"]
 
 BLOCK_NS = (64, 32)
 """The row blocks torch's int4 CPU layout uses: ``4 * Vectorized<float>::size()``, so 64 rows on an
@@ -84,6 +84,30 @@ def unpack_int4_rows(data: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         tail = flat[full * half_k:].view(k, (n - full) // 2)
         paired = tail[:, torch.div(picked, 2, rounding_mode="floor")].t()
         out[~in_blocks] = (paired >> ((picked % 2) * 4).to(torch.uint8)[:, None]) & 0x0F
+    return out
+
+
+def unpack_int4_codes(data: torch.Tensor) -> torch.Tensor:
+    """Every row's uint8 codes ``[N, K]`` of a weight packed in torch's layout: the whole-weight form of
+    :func:`unpack_int4_rows`, a few byte-wide passes (a dequantize path runs it on every call)."""
+    block_n = torch_int4_block_n()
+    if block_n is None:
+        raise ValueError("this torch's packed int4 layout is not one loader can read rows back from")
+    n, half_k = (int(s) for s in data.shape)
+    k, half = 2 * half_k, block_n // 2
+    full = n // block_n * block_n
+    out = torch.empty(n, k, dtype=torch.uint8, device=data.device)
+    flat = data.reshape(-1)
+    if full:
+        blocks = flat[: full * half_k].view(full // block_n, k, half)
+        by_row = out[:full].view(full // block_n, 2, half, k)
+        by_row[:, 0] = (blocks & 0x0F).transpose(1, 2)
+        by_row[:, 1] = (blocks >> 4).transpose(1, 2)
+    if full < n:
+        tail = flat[full * half_k:].view(k, (n - full) // 2)
+        pairs = out[full:].view((n - full) // 2, 2, k)
+        pairs[:, 0] = (tail & 0x0F).t()
+        pairs[:, 1] = (tail >> 4).t()
     return out
 
 

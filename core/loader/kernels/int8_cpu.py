@@ -41,7 +41,7 @@ import attrs
 import torch
 
 from .int4_cpu import Int4CpuWeight, int4_unsupported_reason
-from .int4_layout import pack_codes_bytes, torch_int4_block_n, unpack_int4_rows
+from .int4_layout import pack_codes_bytes, torch_int4_block_n, unpack_int4_codes, unpack_int4_rows
 from .native_packing import native_repack
 
 __all__ = ["GROUP", "Int8CpuWeight", "Int8GroupedWeight", "int8_grouped_unsupported_reason",
@@ -87,6 +87,28 @@ class Int8GroupedWeight:
         both = self.planes.matmul(x)
         n = self.out_features
         return both[..., :n].to(torch.float32) + both[..., n:]
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight ``[N, K]``: codes read back from the planes times the low plane's scales (the kernel dtype's
+        rounding of them), in float32, then cast to ``dtype``."""
+        n, k = self.out_features, self.in_features
+        both = unpack_int4_codes(self.planes.data).to(torch.int16)  # every row of both planes, one pass
+        codes = ((both[:n] - 8) * 16 + both[n:]).to(torch.float32)
+        scales = self.planes.scales_and_zeros[:, n:, 0].to(torch.float32).t()  # [N, K / 32]
+        return (codes.view(n, k // GROUP, GROUP) * scales.unsqueeze(-1)).view(n, k).to(dtype)
+
+    def rows(self, start: int, stop: int) -> Int8GroupedWeight:
+        """Output rows ``[start, stop)`` of both planes (a copy: the planes' rows are ``N`` apart; ``start`` and
+        ``stop`` on the layout's row blocks, or ``stop`` the last row)."""
+        n, planes = self.out_features, self.planes
+        if (start, stop) == (0, n):
+            return self
+        if n % 64:
+            raise ValueError(f"rows of grouped int8 planes over {n} rows (not whole blocks of 64) cannot be sliced")
+        data = torch.cat((planes.data[start:stop], planes.data[n + start:n + stop]))
+        sz = torch.cat((planes.scales_and_zeros[:, start:stop], planes.scales_and_zeros[:, n + start:n + stop]),
+                       dim=1)
+        return Int8GroupedWeight(attrs.evolve(planes, data=data, scales_and_zeros=sz), stop - start)
 
     def codes(self, rows: torch.Tensor) -> torch.Tensor:
         """The int8 codes ``[len(rows), K]`` of these rows, read back from the planes (exact)."""
@@ -195,6 +217,31 @@ class Int8CpuWeight:
         if self.offsets is not None:
             out = out + flat.sum(-1, keepdim=True) * self.offsets.to(x.dtype)
         return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    @property
+    def in_features(self) -> int:
+        return int(self.codes.shape[1])
+
+    @property
+    def out_features(self) -> int:
+        return int(self.codes.shape[0])
+
+    @property
+    def kernel_dtype(self) -> torch.dtype:
+        """The dtype of the kept scales (the kernel takes activations of any float dtype)."""
+        return self.scales.dtype
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight ``[N, K]``: ``code * scale + offset``, in float32, then cast to ``dtype``."""
+        w = self.codes.to(torch.float32) * self.scales.to(torch.float32).unsqueeze(-1)
+        if self.offsets is not None:
+            w += self.offsets.to(torch.float32).unsqueeze(-1)
+        return w.to(dtype)
+
+    def rows(self, start: int, stop: int) -> Int8CpuWeight:
+        """Output rows ``[start, stop)``."""
+        offsets = None if self.offsets is None else self.offsets[start:stop]
+        return Int8CpuWeight(self.codes[start:stop], self.scales[start:stop], offsets)
 
 
 def pack_int8(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dtype: torch.dtype) -> Int8CpuWeight:

@@ -208,7 +208,9 @@ def test_inspect_plans_each_layer_with_its_group_without_loading(tmp_path) -> No
     path, _ = _save("llama", tmp_path, declared, {r".*self_attn": (8, -1, True), r".*mlp": (4, 32, False)})
     plan = plan_layers(str(path))
     assert plan["layers"]["model.layers.0.self_attn.qkv_proj"] == {
-        "kernel": "int8pack", "reason": None, "scheme": "attention: pack-quantized w8 int channel"}
+        "kernel": "int8pack", "reason": None, "scheme": "attention: pack-quantized w8 int channel",
+        "by_tokens": {"bfloat16": dict.fromkeys(("1", "2-16", "17-64", "65-256", "257+"), "packed")},
+        "paths_from": "static"}
     assert plan["layers"]["model.layers.1.mlp.down_proj"]["scheme"] == "mlp: pack-quantized w4 int group 32 asym"
     assert plan["quantization"]["groups"]["mlp"]["targets"] == [MLP]
 

@@ -96,7 +96,9 @@ def test_bfloat16_loads_record_int8_mm_for_w8a8_int8pack_for_w8a16_rows_and_int8
     assert set(_load(channel, "bfloat16")[1].quantization["kernels"]) == {"int8_mm"}
     assert set(_load(w8a16, "bfloat16")[1].quantization["kernels"]) == {"int8pack"}
     _, report = _load(grouped, "bfloat16")
-    assert report.quantization["layers"]["model.layers.1.mlp.down_proj"] == {"kernel": "int8planes", "reason": None}
+    assert report.quantization["layers"]["model.layers.1.mlp.down_proj"] == {
+        "kernel": "int8planes", "reason": None, "paths_from": "static",
+        "by_tokens": {"bfloat16": dict.fromkeys(("1", "2-16", "17-64", "65-256", "257+"), "packed")}}
 
 
 def test_w8a16_pack_quantized_groups_of_32_record_the_int8_planes(tmp_path):

@@ -24,10 +24,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 
 from loader.errors import ConfigError, UnsupportedError
+from loader.kernels import dense_budget, exact_float32_default
 from loader.layers import FusedMoE, LinearBase, ParallelLMHead, QuantizationConfig
 
 from .fused_moe_method import PackedFusedMoEMethod
 from .gptq_format import GPTQLayout
+from .kernel_paths import DenseBudget
 from .linear_method import PackedLinearMethod
 from .packed_cache import PackedCacheSlot
 
@@ -40,13 +42,15 @@ if TYPE_CHECKING:
     from .param_specs import CheckpointLayout
 
 __all__ = ["BITS", "CHECKPOINT_FORMATS", "KERNELS", "METHOD_NAME", "DynamicRule", "GPTQConfig", "PackedQuantConfig",
-           "check_flag", "config_from_checkpoint", "kernel_option", "module_list"]
+           "check_flag", "config_from_checkpoint", "exact_float32_option", "kernel_option", "module_list"]
 
 METHOD_NAME = "gptq"
 BITS = (4, 8)
 GROUP_SIZES = (-1, 16, 32, 64, 128, 256, 512, 1024)
 CHECKPOINT_FORMATS = ("gptq", "gptq_v2")
 KERNELS = ("auto", "marlin", "int4pack", "int8pack", "dequantize")
+OPTIONS = ("kernel", "exact_float32")
+"""The ``quantization_options`` keys these formats take (``exact_float32``: :func:`exact_float32_option`)."""
 """``auto`` picks per layer (Marlin on CUDA, the packed kernels on CPU); the others force one kernel (layers it
 cannot take fall back to ``dequantize``, with the reason)."""
 
@@ -68,6 +72,9 @@ class PackedQuantConfig(QuantizationConfig):
     :ivar skip_modules: modules the checkpoint keeps in floating point.
     :ivar lm_head: the checkpoint quantizes the output head too (GPTQ ``lm_head: true``).
     :ivar kernel_log: each quantized layer's :class:`~loader.kernels.KernelChoice`, filled after loading.
+    :ivar exact_float32: ``quantization_options["exact_float32"]``: a float32 load keeps float32 scales and
+        only paths that compute in float32 (:mod:`~loader_plugin_marlin.kernel_paths`).
+    :ivar dense_budget: the bytes of dequantized copies this load may still keep (``LOADER_KERNEL_DENSE_BUDGET``).
     """
 
     bits: int = 4
@@ -80,6 +87,9 @@ class PackedQuantConfig(QuantizationConfig):
     kernel_log: dict[str, KernelChoice] = attrs.field(factory=dict, eq=False, repr=False)
     packed_cache: PackedCacheSlot = attrs.field(factory=PackedCacheSlot, eq=False, repr=False)
     """Where the layers find the load's packed-weights bundle (:mod:`~loader_plugin_marlin.packed_cache`)."""
+    exact_float32: bool = False
+    dense_budget: DenseBudget = attrs.field(factory=lambda: DenseBudget(dense_budget()), eq=False,
+                                            repr=False)
 
     @property
     def pack_factor(self) -> int:
@@ -97,7 +107,8 @@ class PackedQuantConfig(QuantizationConfig):
             counts[choice.kernel] = counts.get(choice.kernel, 0) + 1
         return {
             "method": self.name, "bits": self.bits, "group_size": self.group_size, "act_order": self.act_order,
-            "sym": self.sym, "kernel": self.kernel, "skip_modules": list(self.skip_modules), "lm_head": self.lm_head,
+            "sym": self.sym, "kernel": self.kernel, "exact_float32": self.exact_float32,
+            "skip_modules": list(self.skip_modules), "lm_head": self.lm_head,
             "kernels": counts,
             "layers": {prefix: choice.record() for prefix, choice in sorted(self.kernel_log.items())},
             "packed_cache": self.packed_cache.describe(),
@@ -231,13 +242,24 @@ def kernel_option(options: Mapping[str, Any] | None, method: str, kernels: Seque
     """``quantization_options["kernel"]`` checked (the only option these formats take): one of ``kernels``
     (the packed formats' by default); ``scope`` ends the message naming the layers it is for (`` for FP4``)."""
     options = dict(options or {})
-    unknown = sorted(set(options) - {"kernel"})
+    unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
-        raise ConfigError(f"quantization_options: unknown {method} option(s) {unknown}; expected some of ['kernel']")
+        raise ConfigError(f"quantization_options: unknown {method} option(s) {unknown}; expected some of "
+                          f"{list(OPTIONS)}")
     kernel = options.get("kernel", "auto")
     if kernel not in kernels:
         raise ConfigError(f"quantization_options: kernel {kernel!r} is not one of {list(kernels)}{scope}")
     return str(kernel)
+
+
+def exact_float32_option(options: Mapping[str, Any] | None) -> bool:
+    """``quantization_options["exact_float32"]`` checked: ``True`` keeps a float32 load's packed layers on paths
+    that compute in float32 (default ``False``: float32 activations may be cast to bfloat16 for the packed
+    kernel, see :mod:`~loader_plugin_marlin.kernel_paths`); not given: ``LOADER_KERNEL_EXACT_FLOAT32``."""
+    value = dict(options or {}).get("exact_float32", exact_float32_default())
+    if not isinstance(value, bool):
+        raise ConfigError(f"quantization_options: exact_float32 must be true or false, found {value!r}")
+    return value
 
 
 def module_list(value: Any, key: str, where: str) -> tuple[str, ...]:

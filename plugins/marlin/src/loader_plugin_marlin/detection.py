@@ -11,12 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import attrs
+
 from loader.errors import UnsupportedError
 from loader.layers import QuantizationConfig
 
 from .awq_format import awq_config_from_checkpoint
 from .compressed_tensors_config import CompressedTensorsConfig, ct_config_from_checkpoint
-from .config import PackedQuantConfig, config_from_checkpoint
+from .config import PackedQuantConfig, config_from_checkpoint, exact_float32_option
 from .fp8_config import fbgemm_fp8_config_from_checkpoint, fp8_config_from_checkpoint
 from .modelopt_config import modelopt_config_from_checkpoint
 from .packed_cache import LoadCache, new_load_cache
@@ -43,7 +45,7 @@ def detect_packed(
     method = declared.get("quant_method") if isinstance(declared, Mapping) else None
     if method in METHODS and requested in (None, method):
         assert isinstance(declared, Mapping)
-        return METHODS[str(method)](declared, options)
+        return _with_exact(METHODS[str(method)](declared, options), exact_float32_option(options))
     if requested is None:
         return None
     found = f"declares quant_method={method!r}" if method else "has no quantization_config"
@@ -79,3 +81,16 @@ def finish_load_cache(config: QuantizationConfig) -> None:
             loads[id(packed.packed_cache.load)] = packed.packed_cache.load
     for load in loads.values():
         load.finish()
+
+
+def _with_exact(config: QuantizationConfig, exact: bool) -> QuantizationConfig:
+    """``config`` (or each packed group of a compressed-tensors one) with ``exact_float32`` set."""
+    if not exact:
+        return config
+    if isinstance(config, PackedQuantConfig):
+        return attrs.evolve(config, exact_float32=True)
+    if isinstance(config, CompressedTensorsConfig):
+        groups = tuple(attrs.evolve(group, config=_with_exact(group.config, exact)) if group.config else group
+                       for group in config.groups)
+        return attrs.evolve(config, groups=groups)
+    return config

@@ -33,14 +33,16 @@ from loader.kernels import (
     Int4CpuWeight,
     Int8GroupedWeight,
     KernelChoice,
+    TokenPlan,
     int8_grouped_unsupported_reason,
     pack_int8_grouped,
+    run_planned,
 )
 
 from .quantized_weight import QuantizedWeight
 
-__all__ = ["GROUPS_MIN_ROWS", "PLANES_GROUP", "Int8GroupsKernel", "Int8PlanesKernel", "grouped_int8_kernel",
-           "pack_grouped_int8"]
+__all__ = ["GROUPS_MIN_ROWS", "PLANES_GROUP", "GroupedPathWeight", "Int8GroupsKernel", "Int8PlanesKernel",
+           "grouped_int8_kernel", "pack_grouped_int8"]
 
 PLANES_GROUP = 32
 """Input rows per scale of the int8 planes (the core's int4 kernel group)."""
@@ -62,18 +64,37 @@ class Int8PlanesKernel:
     """A grouped 8-bit weight as the core's two int4 planes (a scale per 32 input rows, group scales repeated).
 
     :ivar offsets: ``[K / 32, N]`` float32 ``(128 - zero) * scale`` per 32-row block, or ``None`` when symmetric.
+    :ivar plans: the path per activation dtype and tokens (:mod:`~loader_plugin_marlin.kernel_paths`).
+    :ivar dense: the dequantized weight, kept when the plan runs the ``dense`` path.
     """
 
     planes: Int4CpuWeight
     out_features: int
     offsets: torch.Tensor | None
     choice: KernelChoice
+    plans: tuple[TokenPlan, ...] = ()
+    dense: torch.Tensor | None = None
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """The planes' kernel on ``x`` cast to its dtype, the offsets' terms added; in ``x``'s dtype."""
         weight = Int8GroupedWeight(self.planes, self.out_features)  # a view: the layer's buffers are the planes'
         out = weight.matmul(x.to(weight.kernel_dtype))
         extra = _offset_terms(x, self.offsets, PLANES_GROUP)
         return (out if extra is None else out + extra).to(x.dtype)
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        weight = Int8GroupedWeight(self.planes, self.out_features).dequantize(torch.float32)
+        if self.offsets is not None:
+            weight = (weight.unflatten(-1, (-1, PLANES_GROUP)) + self.offsets.t().unsqueeze(-1)).flatten(-2)
+        return weight.to(dtype)
+
+    def rows(self, start: int, stop: int) -> Int8PlanesKernel:
+        planes = Int8GroupedWeight(self.planes, self.out_features).rows(start, stop).planes
+        offsets = None if self.offsets is None else self.offsets[:, start:stop]
+        return Int8PlanesKernel(planes, stop - start, offsets, self.choice)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return run_planned(GroupedPathWeight(self), self.plans, x, self.dense)
 
 
 @attrs.frozen(eq=False)
@@ -83,14 +104,19 @@ class Int8GroupsKernel:
     :ivar codes: int8 ``[G, N, group]`` (``code - 128``), each group's rows contiguous.
     :ivar scales: ``[G, N]`` in the kernel dtype.
     :ivar offsets: ``[G, N]`` float32 ``(128 - zero) * scale``, or ``None`` when symmetric.
+    :ivar plans: the path per activation dtype and tokens (:mod:`~loader_plugin_marlin.kernel_paths`).
+    :ivar dense: the dequantized weight, kept when the plan runs the ``dense`` path.
     """
 
     codes: torch.Tensor
     scales: torch.Tensor
     offsets: torch.Tensor | None
     choice: KernelChoice
+    plans: tuple[TokenPlan, ...] = ()
+    dense: torch.Tensor | None = None
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """One int8 kernel call per group on ``x`` cast to the kernel dtype, summed in float32; in ``x``'s dtype."""
         groups, n, rows = (int(s) for s in self.codes.shape)
         flat = x.reshape(-1, groups * rows)
         by_group = flat.to(self.scales.dtype).unflatten(-1, (groups, rows)).transpose(0, 1).contiguous()
@@ -100,6 +126,55 @@ class Int8GroupsKernel:
         extra = _offset_terms(flat, self.offsets, rows)
         out = out if extra is None else out + extra
         return out.to(x.dtype).reshape(*x.shape[:-1], n)
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        weight = self.codes.to(torch.float32) * self.scales.to(torch.float32).unsqueeze(-1)  # [G, N, rows]
+        if self.offsets is not None:
+            weight += self.offsets.unsqueeze(-1)
+        return weight.permute(1, 0, 2).reshape(self.codes.shape[1], -1).to(dtype)
+
+    def rows(self, start: int, stop: int) -> Int8GroupsKernel:
+        offsets = None if self.offsets is None else self.offsets[:, start:stop]
+        # copies: the int8 kernel reads each group's codes as one contiguous block (a strided slice is far slower)
+        return Int8GroupsKernel(self.codes[:, start:stop].contiguous(), self.scales[:, start:stop].contiguous(),
+                                None if offsets is None else offsets.contiguous(), self.choice)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return run_planned(GroupedPathWeight(self), self.plans, x, self.dense)
+
+
+@attrs.frozen(eq=False)
+class GroupedPathWeight:
+    """A grouped kernel as the core's paths see a weight (:class:`~loader.kernels.PathWeight`): its packed call,
+    dequantization and rows; the kernel computes in its scales' dtype."""
+
+    kernel: Int8PlanesKernel | Int8GroupsKernel
+
+    @property
+    def kernel_dtype(self) -> torch.dtype:
+        kernel = self.kernel
+        return kernel.planes.kernel_dtype if isinstance(kernel, Int8PlanesKernel) else kernel.scales.dtype
+
+    @property
+    def in_features(self) -> int:
+        kernel = self.kernel
+        if isinstance(kernel, Int8PlanesKernel):
+            return kernel.planes.in_features
+        return int(kernel.codes.shape[0] * kernel.codes.shape[2])
+
+    @property
+    def out_features(self) -> int:
+        kernel = self.kernel
+        return kernel.out_features if isinstance(kernel, Int8PlanesKernel) else int(kernel.codes.shape[1])
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernel.packed_matmul(x)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.kernel.dequantize(dtype)
+
+    def rows(self, start: int, stop: int) -> GroupedPathWeight:
+        return GroupedPathWeight(self.kernel.rows(start, stop))
 
 
 def grouped_int8_kernel(out_features: int, in_features: int, group_size: int, act_order: bool,

@@ -43,6 +43,7 @@ from loader.kernels import KernelChoice, KernelOption, choose_kernel
 from loader.models import all_gather
 
 from .int8_scheme import Int8Activations
+from .kernel_paths import DenseBudget, with_paths
 from .kernels import FALLBACK, DequantizeKernel, LayerKernel
 from .kernels import choose_kernel as choose_packed
 from .quantized_weight import QuantizedWeight
@@ -189,8 +190,8 @@ def choose_int8_kernel(weight: QuantizedWeight, activations: Int8Activations | N
     """
     device = weight.codes.device
     kernel = wanted_int8_kernel(requested, activations is not None, dtype, device)
-    if kernel == "int8pack":
-        return choose_packed(weight, "int8pack", dtype)
+    if kernel == "int8pack":  # W8A16 on a bf16/fp16 load: the packed kernels' path per token count
+        return with_paths(choose_packed(weight, "int8pack", dtype), dtype, exact=False, budget=DenseBudget(0))
     if kernel == FALLBACK:
         return DequantizeKernel(weight, KernelChoice(FALLBACK, "quantization_options kernel='dequantize'"))
     choice = KernelChoice(kernel, "quantization_options kernel='dequantized'" if requested == kernel else None)

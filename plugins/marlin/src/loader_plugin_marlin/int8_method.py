@@ -24,7 +24,7 @@ import attrs
 import torch
 
 from loader.errors import CheckpointFormatError, UnsupportedError
-from loader.kernels import KernelChoice, KernelOption, choose_kernel, int8_unsupported_reason
+from loader.kernels import KernelChoice, KernelOption, choose_kernel, int8_unsupported_reason, paths_from_shapes
 from loader.layers import LinearMethodBase, LinearShape, ParamLayout, RowParallelLinear, set_param_layout
 from loader.models import current_session
 
@@ -258,6 +258,9 @@ class Int8LinearMethod(LinearMethodBase):
             if groups is not None:
                 packed = KernelChoice(grouped) if grouped is not None else \
                     choose_kernel([KernelOption("int8pack", groups)], FALLBACK)
+        if packed.kernel != FALLBACK and current_session().device.type == "cpu":  # the paths the kernel runs
+            paths = paths_from_shapes(state.params_dtype, state.params_dtype)
+            packed = attrs.evolve(packed, paths=paths)
         return plan_int8_kernel(scheme.activations, symmetric=scheme.symmetric, group_size=scheme.group_size,
                                 k=state.rows, n=state.cols, requested=self.config.kernel, dtype=state.params_dtype,
                                 device=current_session().device, packed_plan=packed)

@@ -39,10 +39,12 @@ from loader.kernels import (
     Int8CpuWeight,
     KernelChoice,
     KernelOption,
+    TokenPlan,
     int4_unsupported_reason,
     int8_unsupported_reason,
     pack_int4,
     pack_int8,
+    run_planned,
 )
 from loader.kernels import choose_kernel as choose_from
 from loader.models import current_session
@@ -94,22 +96,29 @@ class Int4Kernel:
     in_perm: torch.Tensor | None
     choice: KernelChoice
     padded: bool = False
+    plans: tuple[TokenPlan, ...] = ()
+    dense: torch.Tensor | None = None
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """The planned path (:mod:`~loader_plugin_marlin.kernel_paths`) for ``x``'s dtype and token count."""
         if self.padded:
             x = torch.nn.functional.pad(x, (0, 1))
         if self.in_perm is not None:
             x = x.index_select(-1, self.in_perm)
-        return self.packed.matmul(x)
+        return run_planned(self.packed, self.plans, x, self.dense)
 
 
 @attrs.frozen(eq=False)
 class Int8Kernel:
+    """torch's int8 weight kernel for a channelwise 8-bit weight, along the planned path."""
+
     packed: Int8CpuWeight
     choice: KernelChoice
+    plans: tuple[TokenPlan, ...] = ()
+    dense: torch.Tensor | None = None
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return self.packed.matmul(x)
+        return run_planned(self.packed, self.plans, x, self.dense)
 
 
 def kernel_group(sorted_g_idx: torch.Tensor) -> int | None:

@@ -20,9 +20,11 @@ import attrs
 import torch
 
 from loader.errors import UnsupportedError
-from loader.kernels import KernelChoice
+from loader.kernels import KernelChoice, paths_from_shapes
+from loader.models import current_session
 
 from .column_chunks import int4_by_columns
+from .kernel_paths import PATH_KERNELS, kernel_dtype_for, with_paths
 from .kernels import LayerKernel, choose_kernel, plan_kernel
 
 if TYPE_CHECKING:
@@ -39,18 +41,26 @@ BUFFER_PREFIX = "packed_"
 
 def build_kernel(config: PackedQuantConfig, geometry: LayerGeometry, tensors: Mapping[str, torch.Tensor],
                  dtype: torch.dtype) -> LayerKernel:
-    """The kernel of one weight from its checkpoint tensors (named as the format's ``ParamSpec``s), checked."""
+    """The kernel of one weight from its checkpoint tensors (named as the format's ``ParamSpec``s), checked,
+    packed in :func:`~.kernel_paths.kernel_dtype_for` the load's ``dtype``, with its path per token count."""
     layout = config.layout
-    by_columns = int4_by_columns(layout, geometry, tensors, bits=config.bits, requested=config.kernel, dtype=dtype)
-    if by_columns is not None:
-        return by_columns
-    return choose_kernel(layout.to_quantized(tensors, geometry), config.kernel, dtype)
+    packed_dtype = kernel_dtype_for(dtype, config.exact_float32)
+    kernel: LayerKernel | None = int4_by_columns(layout, geometry, tensors, bits=config.bits,
+                                                 requested=config.kernel, dtype=packed_dtype)
+    if kernel is None:
+        kernel = choose_kernel(layout.to_quantized(tensors, geometry), config.kernel, packed_dtype)
+    return with_paths(kernel, dtype, exact=config.exact_float32, budget=config.dense_budget)
 
 
 def plan_weight(config: PackedQuantConfig, geometry: LayerGeometry, device: torch.device) -> KernelChoice:
     """The kernel :func:`build_kernel` will choose for a weight of this geometry on ``device``, from shapes."""
-    return plan_kernel(geometry, bits=config.bits, group_size=config.group_size, act_order=config.act_order,
-                       requested=config.kernel, device=device)
+    dtype = current_session().dtype
+    packed_dtype = kernel_dtype_for(dtype, config.exact_float32)
+    choice = plan_kernel(geometry, bits=config.bits, group_size=config.group_size, act_order=config.act_order,
+                         requested=config.kernel, device=device, dtype=packed_dtype)
+    if choice.kernel not in PATH_KERNELS or device.type != "cpu":
+        return choice
+    return attrs.evolve(choice, paths=paths_from_shapes(dtype, packed_dtype, exact=config.exact_float32))
 
 
 def combined_choice(choices: Iterable[KernelChoice]) -> KernelChoice:

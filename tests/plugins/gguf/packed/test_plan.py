@@ -53,7 +53,8 @@ def test_inspect_plans_each_layer_exactly_as_the_load_records_it(mixed):
     assert plan == records
     assert plan["model.layers.0.self_attn.qkv_proj"] == {
         "kernel": "int4", "types": ["Q4_K", "Q4_0", "Q4_1"], "packed_bytes": 512 * 256 // 2 + 8 * 512 * 2 * 2,
-        "reason": None, "dtype": None}
+        "reason": None, "dtype": None, "paths_from": "static",
+        "by_tokens": {"float32": dict.fromkeys(("1", "2-16", "17-64", "65-256", "257+"), "packed-bf16")}}
     assert plan["model.layers.0.self_attn.o_proj"]["reason"] == "ggml type Q6_K has no packed int4 kernel"
     # q and k on the int4 kernel, v (Q8_0) beside them as two int4 planes: one segment each, both packed
     assert plan["model.layers.1.self_attn.qkv_proj"] == {
@@ -78,7 +79,8 @@ def test_the_text_table_lists_each_layer_s_block_types(mixed):
     row = next(line for line in text.stdout.splitlines() if line.startswith("model.layers.1.self_attn.qkv_proj"))
     assert row.split()[1:] == ["int4+int4x2", "Q4_1,", "Q4_1,", "Q8_0", "102400"]
     row = next(line for line in text.stdout.splitlines() if line.startswith("model.layers.0.self_attn.qkv_proj"))
-    assert row.split()[1:] == ["int4", "Q4_K,", "Q4_0,", "Q4_1", str(512 * 256 // 2 + 8 * 512 * 2 * 2)]
+    assert row.split()[1:] == ["int4", "Q4_K,", "Q4_0,", "Q4_1", str(512 * 256 // 2 + 8 * 512 * 2 * 2),
+                               "float32:", "packed-bf16", "static"]
     assert "decided at load" not in text.stdout
 
 

@@ -73,7 +73,15 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 from loader.errors import UnsupportedError
-from loader.kernels import Int4CpuWeight, Int8GroupedWeight, KernelChoice
+from loader.kernels import (
+    Int4CpuWeight,
+    Int8GroupedWeight,
+    KernelChoice,
+    TokenPlan,
+    paths_from_shapes,
+    plan_weight_paths,
+    run_planned,
+)
 from loader.layers import LinearBase, LinearMethodBase, LinearShape, ParamLayout, RowParallelLinear, set_param_layout
 from loader.models import all_gather, current_session
 from loader.weights import RowPermutedTensor
@@ -157,7 +165,8 @@ class GGUFLinearMethod(LinearMethodBase):
             tensors = [tensor for _, tensor in decision.tensors]
             packed = linear_packing.packed_weight(self.config, decision.kernel, tensors, self._kernel_dtype(state))
             size = linear_packing.keep_packed(layer, "", packed)
-            state.choice = KernelChoice(decision.kernel, None, decision.types, size)
+            state.plans = self._plans(state, decision.kernel, packed)
+            state.choice = KernelChoice(decision.kernel, None, decision.types, size, paths=state.plans)
         else:
             dtype = dense_dtype(state, decision.types, self.config.dense_dtype)
             dense = linear_packing.dense_weight([tensor for _, tensor in decision.tensors], decision.shape, dtype,
@@ -167,6 +176,16 @@ class GGUFLinearMethod(LinearMethodBase):
         state.row_window = decision.row_window
         state.parts.clear()
         self.config.layer_log[state.prefix] = state.choice
+
+    def _plans(self, state: GGUFLayerState, kernel: str, packed: Int4CpuWeight) -> tuple[TokenPlan, ...]:
+        """The path per token count for the load's activations (timed once per layer kind on this machine):
+        the packed kernel (on bfloat16-cast activations for a float32 load) or the weight dequantized per call;
+        ``kernel_dtype="float32"`` keeps only float32 arithmetic."""
+        kernel_dtype = self._kernel_dtype(state)
+        weight = linear_packing.kernel_weight(kernel, packed)
+        plan = plan_weight_paths(weight, f"gguf:{kernel}:{dtype_name(kernel_dtype)}", state.params_dtype,
+                                 exact=kernel_dtype == torch.float32)
+        return (plan,)
 
     def layer_plan(self, layer: nn.Module) -> KernelChoice | None:
         """What :meth:`process_weights_after_loading` will record for this layer, from the GGUF header alone.
@@ -194,7 +213,8 @@ class GGUFLinearMethod(LinearMethodBase):
             return KernelChoice(decision.kernel, decision.reason, decision.types, size, dtype_of)
         if decision.reason is None:
             size = linear_packing.packed_bytes(decision.kernel, *decision.shape, kernel_dtype)
-            return KernelChoice(decision.kernel, None, decision.types, size)
+            paths = paths_from_shapes(state.params_dtype, kernel_dtype, exact=kernel_dtype == torch.float32)
+            return KernelChoice(decision.kernel, None, decision.types, size, paths=paths)
         dtype = dtype_name(dense_dtype(state, decision.types, self.config.dense_dtype))
         return KernelChoice(FALLBACK, decision.reason, decision.types, 0, dtype)
 
@@ -244,7 +264,7 @@ class GGUFLinearMethod(LinearMethodBase):
             mine = torch.nn.functional.linear(whole.to(weight.dtype), weight)
         else:
             assert packed is not None
-            mine = packed.matmul(whole.to(packed.kernel_dtype))
+            mine = run_planned(packed, state.plans, whole)
         if state.row_window is None:
             out = mine.to(x.dtype)
         else:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import attrs
 import torch
 
-from loader.kernels import Int4CpuWeight, Int8GroupedWeight, KernelChoice
+from loader.kernels import Int4CpuWeight, Int8GroupedWeight, KernelChoice, TokenPlan
 
 if TYPE_CHECKING:
     from loader.layers import NarrowedPart
@@ -64,5 +64,7 @@ class GGUFLayerState:
     """``(first row, rows)`` this rank computes over the gathered input; ``None``: the layer's own split."""
     int4: Int4CpuWeight | None = None
     """The packed weight over the layer's current buffers, rebuilt when a buffer is replaced (``module.to``)."""
+    plans: tuple[TokenPlan, ...] = ()
+    """A packed layer's path per activation dtype and token count (:func:`loader.kernels.plan_weight_paths`)."""
     segments: list[LayerSegment] = attrs.field(factory=list)
     """A fused layer whose parts need different kernels: one per run of parts on one kernel (else empty)."""
