@@ -97,6 +97,8 @@ def _explicit(reader: TensorizedSource, location: str, rank: int, tp_size: int) 
 def _local(path: Path, requested: str, rank: int, tp_size: int) -> WeightFormat | None:
     if path.is_file():
         return WeightFormat(TENSORIZER, (str(path),)) if path.name.endswith(SUFFIX) else None
+    if not path.is_dir():
+        return None  # a socket, a device, a dangling name: the core names the path it cannot open
     names = sorted(os.listdir(path))
     if requested == "auto" and any(n.endswith(".safetensors") for n in names):
         return None  # a folder with safetensors beside .tensors loads as safetensors unless asked
