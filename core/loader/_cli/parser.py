@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from .._known_plugins import installed_uri_schemes
 from .._options import MODEL_IMPLS
+from ..errors import PluginError
 from .versions import VersionAction
 
 __all__ = ["CORE_COMMANDS", "DTYPE_CHOICES", "EXIT_USER_ERROR", "CliParser", "build_parser", "source_help"]
@@ -120,7 +121,6 @@ def _add_load_args(p: argparse.ArgumentParser, source_text: str) -> None:
 def _add_plugin_commands(sub: Any) -> None:
     """Each installed plugin's subcommands (``loader_cli_commands``), after the core's."""
     from .._hooks import cli_commands
-    from ..errors import PluginError
 
     for command in cli_commands():
         if command.name in CORE_COMMANDS:

@@ -75,6 +75,21 @@ def test_a_second_load_maps_what_the_first_packed_and_is_the_same_model(tmp_path
         assert torch.equal(second(ids), first(ids))
 
 
+def test_a_kernel_from_the_bundle_is_planned_with_this_load_s_settings(tmp_path, cache, monkeypatch):
+    """The bundle keeps packed bytes, not a plan: a dense budget given only to the second load is used by it."""
+    path, _ = WRITERS["gptq"](tmp_path / "gptq")
+    options = {"dtype": "float32", "quantization_options": {"exact_float32": True}}
+    monkeypatch.setenv("LOADER_KERNEL_DENSE_BUDGET", "0")
+    _, first = loader.load_model_with_report(str(path), **options)
+    assert first.quantization["packed_cache"]["written"]
+    monkeypatch.setenv("LOADER_KERNEL_DENSE_BUDGET", str(1 << 30))
+    _, second = loader.load_model_with_report(str(path), **options)
+    assert second.quantization["packed_cache"]["misses"] == 0
+    name = "model.layers.0.self_attn.qkv_proj"
+    assert set(first.quantization["layers"][name]["by_tokens"]["float32"].values()) == {"dequantize"}
+    assert set(second.quantization["layers"][name]["by_tokens"]["float32"].values()) == {"dense"}
+
+
 def test_a_mapped_load_reads_no_quantized_tensor_of_the_checkpoint(tmp_path, cache):
     path, _ = WRITERS["gptq"](tmp_path / "gptq")
     _, first = loader.load_model_with_report(str(path), dtype="bfloat16")

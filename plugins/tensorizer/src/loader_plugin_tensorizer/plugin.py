@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from loader.hookspecs import hookimpl
 
 from .formats import TENSORIZER, is_remote, is_tensors_location
+from .options import TensorizerOptions  # attrs and loader.errors only
 
 if TYPE_CHECKING:
     from loader.checkpoint import LoadOptions, Source, WeightFormat
@@ -36,7 +37,6 @@ def loader_resolve_source(location: str, options: LoadOptions) -> Source | None:
     (before the Run:ai plugin claims every ``s3://``)."""
     if not _claims(location, options):
         return None
-    from .options import TensorizerOptions
     from .source import resolve_tensorized
 
     return resolve_tensorized(location, options.load_format, TensorizerOptions.from_options(options.format_options))
@@ -62,7 +62,6 @@ def loader_iter_weights(
     """Every tensor of the chosen files; with ``options.headers_only``, the indexes alone (``loader inspect``)."""
     if weight_format.name != TENSORIZER:
         return None
-    from .options import TensorizerOptions
     from .stream import iter_tensorized
 
     settings = TensorizerOptions.from_options(options.format_options)
