@@ -56,3 +56,14 @@ def test_deserialized_tensors_stay_intact_after_the_stream_moves_on(checkpoints:
     assert len(held) == len(expected)
     for name, handle in held:
         assert torch.equal(handle.read(), expected[name]), name
+
+
+def test_a_narrow_over_a_whole_dim_reads_straight_into_the_destination(checkpoints: dict[str, Path]) -> None:
+    """A row-parallel layer at tp=1 narrows dim 1 to its whole length: no staging copy, and a file span (which
+    a mapped load can map) — as the tensor itself."""
+    file = str(checkpoints["llama-float32-tz"] / "model.tensors")
+    handles = dict(iter_tensorized([file], TensorizerOptions(), ReadStats()))
+    handle = handles["model.layers.0.self_attn.o_proj.weight"]
+    whole = handle.narrow(1, 0, handle.shape[1])
+    assert whole.file_span() == handle.file_span() and whole.file_span() is not None
+    assert torch.equal(whole.read(), _expected(checkpoints)["model.layers.0.self_attn.o_proj.weight"])

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import os
 import threading
+from functools import partial
 from typing import TYPE_CHECKING
 
-from loader.io import pread_exactly
+from loader.io import pread_exactly, run_in_pool
 from loader.weights import CheckpointTensor, FileSpan, ReadStats
 
 from .index import TensorEntry
@@ -29,7 +30,13 @@ from .index import TensorEntry
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["LocalTensor", "StagingBuffer"]
+__all__ = ["CHUNK_BYTES", "PARALLEL_MIN_BYTES", "LocalTensor", "StagingBuffer"]
+
+PARALLEL_MIN_BYTES = 16 << 20
+"""Reads of at least this many bytes are split over the core's I/O pool (as the safetensors plugin does)."""
+
+CHUNK_BYTES = 8 << 20
+"""The pieces such a read is split into, one pool task each."""
 
 
 class StagingBuffer(threading.local):
@@ -88,6 +95,8 @@ class LocalTensor(CheckpointTensor):
 
     def narrow(self, dim: int, start: int, length: int) -> LocalTensor:
         dim = self.check_narrow(dim, start, length)
+        if start == 0 and length == self._shape[dim]:
+            return self  # a row-parallel layer at tp=1 asks for every column: read (or map) the rows directly
         if dim == 0 and not self.narrows:
             row = self.stored_bytes // self.stored_shape[0] if self.stored_shape[0] else 0
             return LocalTensor(self.file, self.entry, self._dtype, self.stats, offset=self.offset + start * row,
@@ -109,7 +118,12 @@ class LocalTensor(CheckpointTensor):
             fd = os.open(self.file, os.O_RDONLY)
             try:
                 view = memoryview(out.view(-1).view(torch.uint8).numpy().data).cast("B")
-                pread_exactly(fd, view, self.offset, self.file, f"tensor {self.name!r}")
+                what = f"tensor {self.name!r}"
+                if nbytes < PARALLEL_MIN_BYTES:
+                    pread_exactly(fd, view, self.offset, self.file, what)
+                else:  # pieces on the shared I/O pool: preadv leaves the GIL, and fresh pages fault in parallel
+                    run_in_pool([partial(pread_exactly, fd, view[start:start + CHUNK_BYTES], self.offset + start,
+                                         self.file, what) for start in range(0, nbytes, CHUNK_BYTES)])
             finally:
                 os.close(fd)
         self.stats.add(nbytes, 1)
