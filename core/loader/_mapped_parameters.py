@@ -49,6 +49,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from ._file_reads import pread_exactly, truncated_error
+from ._huge_pages import advise_fresh_huge_pages
 from ._libc import libc
 from ._map_budget import MAPS_PER_REGION, MapsSpent, part_maps
 from ._page_population import populate_soon
@@ -158,8 +159,9 @@ def own_region(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
 
     The region is private anonymous memory starting on a 2 MiB boundary (a huge
     page that backs a neighbour never covers it) with the whole huge pages
-    inside the tensor advised for transparent huge pages, so a tensor that is
-    copied rather than mapped still writes fresh memory quickly.
+    inside the tensor advised for transparent huge pages where that makes
+    fresh memory faster to write (:mod:`loader._huge_pages`), for a tensor that
+    is copied rather than mapped.
     """
     import torch
 
@@ -170,7 +172,7 @@ def own_region(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     whole = torch.frombuffer(buffer, dtype=torch.uint8)  # keeps ``buffer`` alive
     skip = -whole.data_ptr() % _HUGE_PAGE
     advised = nbytes // _HUGE_PAGE * _HUGE_PAGE
-    if advised and hasattr(mmap, "MADV_HUGEPAGE"):
+    if advised and hasattr(mmap, "MADV_HUGEPAGE") and advise_fresh_huge_pages():
         with contextlib.suppress(OSError, ValueError):
             buffer.madvise(mmap.MADV_HUGEPAGE, skip, advised)
     memory = whole[skip:skip + usable]

@@ -22,6 +22,7 @@ from .settings import FLAG, FOLDER, Setting, integer, names, seconds
 __all__ = [
     "CACHE_DIR",
     "DISABLE_PLUGINS",
+    "HUGE_PAGES",
     "INTERNAL",
     "KERNEL_DENSE_BUDGET",
     "KERNEL_EXACT_FLOAT32",
@@ -114,6 +115,12 @@ MAP_MIN_BYTES = Setting(
     doc="CPU tensors at least this large get memory of their own and may be mapped; smaller ones are copied "
         "into a shared arena. Parts landing inside such a tensor (a fused projection's, an expert's) map from "
         "64 KiB, or from this size if lower")
+HUGE_PAGES: Setting[bool | None] = Setting(
+    "LOADER_HUGE_PAGES", FLAG, default=None, blank_is_default=True,
+    default_doc="unset: yes, except in a VM whose virtio balloon reports free pages to its host",
+    doc="whether fresh CPU memory a load copies into (parameters not mapped from the file, conversions, "
+        "arenas) is advised for transparent huge pages; in a guest with free page reporting huge-page faults "
+        "re-fault the host and were 2-5x slower than 4 KiB ones (see [Fresh memory](#fresh-memory-and-huge-pages))")
 SKIP_MEMORY_CHECK = Setting(
     "LOADER_SKIP_MEMORY_CHECK", FLAG, default=False,
     doc="`1`: do not refuse models whose parameters exceed the device's free memory (overcommitted hosts, "
@@ -123,6 +130,7 @@ SETTINGS: tuple[Setting[object], ...] = (
     PLUGINS, DISABLE_PLUGINS, OVERRIDE_ARCHITECTURES, CACHE_DIR, NATIVE_REPACK, KERNEL_MEASURE, KERNEL_EXACT_FLOAT32,
     KERNEL_DENSE_BUDGET,
     PROBE_IN_PROCESS, PROBE_TIMEOUT, SKIP_MEMORY_CHECK, READ_THREADS, MAP_WEIGHTS, MAP_MIN_BYTES,
+    HUGE_PAGES,
 )
 """The core's user settings, in the order the user guide lists them."""
 

@@ -6,6 +6,9 @@
 - the error a file shorter than its header promised raises: :func:`truncated_error`;
 - where an array of length-prefixed records ends (GGUF string arrays), in compiled C
   when a compiler is at hand: :func:`u64_prefixed_end`;
+- whether fresh memory a read fills should be advised for transparent huge pages on this
+  machine (``LOADER_HUGE_PAGES``, else a rule: not in a VM whose balloon reports free pages):
+  :func:`advise_fresh_huge_pages`;
 - the folder every on-disk cache of loader lives under (``$LOADER_CACHE_DIR``, else the
   user cache folder), for a plugin's own cache in a subfolder: :func:`cache_root`.
 """
@@ -14,10 +17,12 @@ from __future__ import annotations
 
 from ._cache_root import cache_root
 from ._file_reads import pread_exactly, truncated_error
+from ._huge_pages import advise_fresh_huge_pages
 from ._io_pool import io_pool, io_threads, run_in_pool
 from ._length_prefixed import u64_prefixed_end
 
 __all__ = [
+    "advise_fresh_huge_pages",
     "cache_root",
     "io_pool",
     "io_threads",

@@ -52,11 +52,21 @@ def test_writing_a_rotary_table_into_the_arena_costs_pages_not_a_huge_page():
 
 
 @needs_thp
-def test_an_arena_of_several_huge_pages_is_still_advised_for_them():
+def test_an_arena_of_several_huge_pages_is_still_advised_for_them(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("LOADER_HUGE_PAGES", "1")
     arena = _cpu_arena(6 << 20)
     before = _rss_anon_kib()
     arena[:1].fill_(1)  # one byte faults in a whole huge page where the advice holds
     assert _rss_anon_kib() - before >= 2048
+
+
+@needs_thp
+def test_without_huge_pages_a_byte_of_the_arena_costs_a_small_page(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("LOADER_HUGE_PAGES", "0")
+    arena = _cpu_arena(6 << 20)
+    before = _rss_anon_kib()
+    arena[:1].fill_(1)
+    assert _rss_anon_kib() - before < 1024
 
 
 class _Replacing(QuantizeMethodBase):

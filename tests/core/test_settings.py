@@ -106,6 +106,12 @@ def _kernel_dense_budget() -> object:
     return dense_budget()
 
 
+def _huge_pages() -> object:
+    from loader.io import advise_fresh_huge_pages
+
+    return advise_fresh_huge_pages()
+
+
 def _tp_launched() -> object:
     from loader._cli.tp_launch import worker_exit
 
@@ -133,6 +139,7 @@ BAD: dict[str, tuple[str, str, Callable[[], object]]] = {
     "LOADER_KERNEL_MEASURE": ("often", YES_NO, _kernel_measure),
     "LOADER_KERNEL_EXACT_FLOAT32": ("exact", YES_NO, _kernel_exact),
     "LOADER_KERNEL_DENSE_BUDGET": ("1GB", "a whole number of bytes (at least 0)", _kernel_dense_budget),
+    "LOADER_HUGE_PAGES": ("huge", YES_NO, _huge_pages),
 }
 
 

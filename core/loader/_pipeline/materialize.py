@@ -26,6 +26,7 @@ import mmap
 import torch
 from torch import nn
 
+from .._huge_pages import advise_fresh_huge_pages
 from .._map_budget import region_budget
 from .._mapped_parameters import mapping_enabled, min_map_bytes, own_region
 from ..layers.quantization import QuantizeMethodBase
@@ -65,7 +66,8 @@ _HUGE_PAGE = 2 * 1024 * 1024
 
 
 def _cpu_arena(nbytes: int) -> torch.Tensor:
-    """Private anonymous memory, 2 MiB aligned, its whole 2 MiB spans advised for transparent huge pages.
+    """Private anonymous memory, 2 MiB aligned, its whole 2 MiB spans advised for transparent huge pages
+    (unless :func:`~loader._huge_pages.advise_fresh_huge_pages` says 4 KiB faults are faster here).
 
     Private, because the kernel ignores huge-page advice on shared memory where
     ``shmem_enabled`` is ``never`` (``mmap.mmap(-1, n)`` alone is ``MAP_SHARED``);
@@ -82,7 +84,7 @@ def _cpu_arena(nbytes: int) -> torch.Tensor:
     skip = -whole.data_ptr() % _HUGE_PAGE
     advised = nbytes // _HUGE_PAGE * _HUGE_PAGE
     with contextlib.suppress(OSError):  # kernels without THP
-        if advised and hasattr(mmap, "MADV_HUGEPAGE"):
+        if advised and hasattr(mmap, "MADV_HUGEPAGE") and advise_fresh_huge_pages():
             buffer.madvise(mmap.MADV_HUGEPAGE, skip, advised)
         if hasattr(mmap, "MADV_NOHUGEPAGE") and size - skip - advised > 0:
             buffer.madvise(mmap.MADV_NOHUGEPAGE, skip + advised, size - skip - advised)

@@ -6,7 +6,9 @@ fault is costly (a VM's host backing memory on first touch), writing fresh
 memory is several times slower than copying into touched memory; with THP in
 ``madvise`` mode (the common default) one ``madvise(MADV_HUGEPAGE)`` on the
 2 MiB-aligned interior of the buffer makes the faults 512x rarer and such reads
-faster (benchmarks/RESULTS.md). It is only a hint: contents and semantics do not change,
+faster (benchmarks/RESULTS.md) — except in a VM whose balloon reports free pages
+to its host, where huge-page faults re-fault the host and 4 KiB ones are faster
+(:func:`loader.io.advise_fresh_huge_pages` decides). It is only a hint: contents and semantics do not change,
 and where it is unsupported it does nothing.
 """
 
@@ -16,6 +18,8 @@ import ctypes
 import mmap
 import sys
 from typing import TYPE_CHECKING, Any
+
+from loader.io import advise_fresh_huge_pages
 
 if TYPE_CHECKING:
     import torch
@@ -45,8 +49,11 @@ _madvise = _load_madvise()
 
 
 def advise_huge_pages(tensor: torch.Tensor) -> bool:
-    """Hint THP for a contiguous CPU tensor's memory; ``True`` if the kernel accepted the hint."""
+    """Hint THP for a contiguous CPU tensor's memory; ``True`` if the kernel accepted the hint. No hint where
+    :func:`loader.io.advise_fresh_huge_pages` says 4 KiB faults are faster on this machine."""
     if _madvise is None or tensor.device.type != "cpu" or not tensor.is_contiguous():
+        return False
+    if not advise_fresh_huge_pages():
         return False
     nbytes = tensor.numel() * tensor.element_size()
     if nbytes < MIN_HINT_BYTES:
