@@ -8,10 +8,19 @@ naming the file, the tensor and the bytes missing, wherever the read happens.
 from __future__ import annotations
 
 import os
+from functools import partial
 
+from ._io_pool import run_in_pool
 from .errors import CheckpointFormatError
 
-__all__ = ["pread_exactly", "truncated_error"]
+__all__ = ["PARALLEL_READ_CHUNK_BYTES", "PARALLEL_READ_MIN_BYTES", "pread_exactly", "read_file_range",
+           "truncated_error"]
+
+PARALLEL_READ_MIN_BYTES = 16 << 20
+""":func:`read_file_range` splits reads of at least this many bytes over the shared I/O pool."""
+
+PARALLEL_READ_CHUNK_BYTES = 8 << 20
+"""The pieces it splits them into, one pool task each."""
 
 
 def truncated_error(path: str, what: str, offset: int, wanted_end: int) -> CheckpointFormatError:
@@ -30,3 +39,21 @@ def pread_exactly(fd: int, dest: memoryview, offset: int, path: str, what: str) 
         if got == 0:
             raise truncated_error(path, what, offset + done, offset + total)
         done += got
+
+
+def read_file_range(path: str, dest: memoryview, offset: int, what: str) -> None:
+    """Fill ``dest`` from ``offset`` of the file at ``path`` (opened and closed here); a read of
+    :data:`PARALLEL_READ_MIN_BYTES` or more is split over the shared I/O pool (``preadv`` leaves the GIL, and a
+    destination of fresh memory faults in on several cores at once)."""
+    total = len(dest)
+    if not total:
+        return
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if total < PARALLEL_READ_MIN_BYTES:
+            pread_exactly(fd, dest, offset, path, what)
+            return
+        run_in_pool([partial(pread_exactly, fd, dest[start:start + PARALLEL_READ_CHUNK_BYTES], offset + start, path,
+                             what) for start in range(0, total, PARALLEL_READ_CHUNK_BYTES)])
+    finally:
+        os.close(fd)

@@ -2,7 +2,8 @@
 
 - the shared I/O thread pool (``LOADER_READ_THREADS``): :func:`io_pool`,
   :func:`io_threads`, :func:`run_in_pool`;
-- positioned exact reads: :func:`pread_exactly`;
+- positioned exact reads: :func:`pread_exactly` (an open descriptor), :func:`read_file_range` (a path; large
+  reads split over the pool);
 - the error a file shorter than its header promised raises: :func:`truncated_error`;
 - where an array of length-prefixed records ends (GGUF string arrays), in compiled C
   when a compiler is at hand: :func:`u64_prefixed_end`;
@@ -16,7 +17,7 @@
 from __future__ import annotations
 
 from ._cache_root import cache_root
-from ._file_reads import pread_exactly, truncated_error
+from ._file_reads import pread_exactly, read_file_range, truncated_error
 from ._huge_pages import advise_fresh_huge_pages
 from ._io_pool import io_pool, io_threads, run_in_pool
 from ._length_prefixed import u64_prefixed_end
@@ -27,6 +28,7 @@ __all__ = [
     "io_pool",
     "io_threads",
     "pread_exactly",
+    "read_file_range",
     "run_in_pool",
     "truncated_error",
     "u64_prefixed_end",

@@ -11,11 +11,10 @@ reader's do; otherwise they are read with positioned reads.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from .._file_reads import pread_exactly
+from .._file_reads import read_file_range
 from .._safetensors_dtypes import DTYPES
 from .._safetensors_header import read_file_header
 from ..weights import CheckpointTensor, EagerTensor, FileSpan, ReadStats
@@ -67,12 +66,8 @@ class StoredTensor(CheckpointTensor):
 
         nbytes = self.nbytes
         if nbytes:
-            fd = os.open(self.file, os.O_RDONLY)
-            try:
-                view = memoryview(out.view(-1).view(torch.uint8).numpy().data).cast("B")
-                pread_exactly(fd, view, self.offset, self.file, f"tensor {self.name!r}")
-            finally:
-                os.close(fd)
+            view = memoryview(out.view(-1).view(torch.uint8).numpy().data).cast("B")
+            read_file_range(self.file, view, self.offset, f"tensor {self.name!r}")
         self.stats.add(nbytes, 1)
 
     def read(self, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -19,7 +19,7 @@ from typing import Any
 from loader.errors import SourceNotFoundError
 
 from .errors import StorageAccessError
-from .object_store import ObjectInfo
+from .object_store import ObjectInfo, call_translating
 from .uri import ObjectUri
 
 __all__ = ["AzureStore", "account_url"]
@@ -85,13 +85,7 @@ class AzureStore:
         return exc
 
     def _call(self, name: str | None, request: Any) -> Any:
-        try:
-            return request()
-        except Exception as exc:
-            failed = self._failed(exc, name)
-            if failed is exc:
-                raise
-            raise failed from exc
+        return call_translating(self._failed, name, request)
 
     def list_folder(self) -> dict[str, ObjectInfo]:
         """The blobs directly under the prefix, by name (virtual sub-folders are not entered)."""

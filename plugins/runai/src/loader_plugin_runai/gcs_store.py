@@ -19,7 +19,7 @@ from typing import Any
 from loader.errors import SourceNotFoundError
 
 from .errors import StorageAccessError
-from .object_store import ObjectInfo
+from .object_store import ObjectInfo, call_translating
 from .uri import ObjectUri
 
 __all__ = ["GcsStore", "emulator_endpoint"]
@@ -73,13 +73,7 @@ class GcsStore:
         return exc
 
     def _call(self, name: str | None, request: Any) -> Any:
-        try:
-            return request()
-        except Exception as exc:
-            failed = self._failed(exc, name)
-            if failed is exc:
-                raise
-            raise failed from exc
+        return call_translating(self._failed, name, request)
 
     def list_folder(self) -> dict[str, ObjectInfo]:
         """The objects directly under the prefix, by name (sub-prefixes are not entered)."""

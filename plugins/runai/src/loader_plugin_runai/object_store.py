@@ -14,7 +14,8 @@ requests use path-style addressing. Every failure becomes a
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import attrs
 
@@ -23,7 +24,9 @@ from loader.errors import SourceNotFoundError
 from .errors import StorageAccessError
 from .uri import ObjectUri
 
-__all__ = ["ObjectInfo", "ObjectStore", "endpoint_url", "uses_path_style"]
+__all__ = ["ObjectInfo", "ObjectStore", "call_translating", "endpoint_url", "uses_path_style"]
+
+T = TypeVar("T")
 
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
 _REFUSED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
@@ -66,6 +69,19 @@ def _client() -> Any:
         retries={"max_attempts": 2, "mode": "standard"}, connect_timeout=5, read_timeout=30,
     )
     return boto3.session.Session().client("s3", endpoint_url=endpoint_url(), config=config)
+
+
+def call_translating(failed: Callable[[Exception, str | None], Exception], name: str | None,
+                     request: Callable[[], T]) -> T:
+    """``request()``, a client library's failure raised as the :class:`~loader.errors.LoadError` ``failed``
+    makes of it (for the object ``name``, or the prefix); a failure it does not know is raised as it is."""
+    try:
+        return request()
+    except Exception as exc:
+        translated = failed(exc, name)
+        if translated is exc:
+            raise
+        raise translated from exc
 
 
 class ObjectStore:

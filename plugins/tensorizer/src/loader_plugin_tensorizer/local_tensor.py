@@ -17,12 +17,10 @@ used again.
 
 from __future__ import annotations
 
-import os
 import threading
-from functools import partial
 from typing import TYPE_CHECKING
 
-from loader.io import pread_exactly, run_in_pool
+from loader.io import read_file_range
 from loader.weights import CheckpointTensor, FileSpan, ReadStats
 
 from .index import TensorEntry
@@ -30,13 +28,7 @@ from .index import TensorEntry
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["CHUNK_BYTES", "PARALLEL_MIN_BYTES", "LocalTensor", "StagingBuffer"]
-
-PARALLEL_MIN_BYTES = 16 << 20
-"""Reads of at least this many bytes are split over the core's I/O pool (as the safetensors plugin does)."""
-
-CHUNK_BYTES = 8 << 20
-"""The pieces such a read is split into, one pool task each."""
+__all__ = ["LocalTensor", "StagingBuffer"]
 
 
 class StagingBuffer(threading.local):
@@ -115,17 +107,8 @@ class LocalTensor(CheckpointTensor):
 
         nbytes = self.stored_bytes
         if nbytes:
-            fd = os.open(self.file, os.O_RDONLY)
-            try:
-                view = memoryview(out.view(-1).view(torch.uint8).numpy().data).cast("B")
-                what = f"tensor {self.name!r}"
-                if nbytes < PARALLEL_MIN_BYTES:
-                    pread_exactly(fd, view, self.offset, self.file, what)
-                else:  # pieces on the shared I/O pool: preadv leaves the GIL, and fresh pages fault in parallel
-                    run_in_pool([partial(pread_exactly, fd, view[start:start + CHUNK_BYTES], self.offset + start,
-                                         self.file, what) for start in range(0, nbytes, CHUNK_BYTES)])
-            finally:
-                os.close(fd)
+            view = memoryview(out.view(-1).view(torch.uint8).numpy().data).cast("B")
+            read_file_range(self.file, view, self.offset, f"tensor {self.name!r}")
         self.stats.add(nbytes, 1)
 
     def _staged(self) -> torch.Tensor:
