@@ -25,23 +25,27 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
     def send_head(self) -> Any:
         match = _RANGE.match(self.headers.get("Range", ""))
         path = self.translate_path(self.path)
-        if match is None or not os.path.isfile(path):
+        cut = getattr(self.server, "cut_after", None)
+        if (match is None and cut is None) or not os.path.isfile(path):
             return super().send_head()
         size = os.path.getsize(path)
-        begin = int(match.group(1))
-        end = min(int(match.group(2)) if match.group(2) else size - 1, size - 1)
+        begin = int(match.group(1)) if match else 0
+        end = min(int(match.group(2)) if match and match.group(2) else size - 1, size - 1)
         if begin >= size:
             self.send_error(416)
             return None
         handle = open(path, "rb")  # noqa: SIM115 - the base class closes it after copying
         handle.seek(begin)
-        self.send_response(206)
+        self.send_response(206 if match else 200)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Accept-Ranges", "bytes")
-        self.send_header("Content-Range", f"bytes {begin}-{end}/{size}")
+        if match:
+            self.send_header("Content-Range", f"bytes {begin}-{end}/{size}")
         self.send_header("Content-Length", str(end - begin + 1))
         self.end_headers()
-        return _Limited(handle, end - begin + 1)
+        if cut is not None:
+            self.close_connection = True
+        return _Limited(handle, end - begin + 1 if cut is None else min(end - begin + 1, cut))
 
     def end_headers(self) -> None:
         if not self.headers.get("Range"):
@@ -67,11 +71,13 @@ class _Limited:
 
 
 class RangeHTTPServer:
-    """Serves ``folder`` at :attr:`url` until :meth:`stop`."""
+    """Serves ``folder`` at :attr:`url` until :meth:`stop`; ``cut_after`` bytes, every answer breaks off
+    (its headers promise the whole file or range, then the connection closes)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, cut_after: int | None = None) -> None:
         handler = functools.partial(_Handler, directory=str(folder))
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.cut_after = cut_after  # type: ignore[attr-defined]
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 

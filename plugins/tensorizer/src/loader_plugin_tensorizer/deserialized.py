@@ -1,12 +1,11 @@
-"""Tensors read by tensorizer's own ``TensorDeserializer``: remote files, encrypted files, verified hashes.
+"""Tensors read by tensorizer's own ``TensorDeserializer``: encrypted files, verified hashes, chosen readers.
 
-This is the path for everything the plain local reader cannot take: an
-``s3://`` or ``http(s)://`` file (tensorizer streams it through parallel
-ranged curl requests), an encrypted one (it decrypts chunk by chunk with
-libsodium), or a load that asked for ``verify_hash``. Every rank streams the
-whole file and its weight loaders keep their rows: decryption and hash checks
-need a tensor's every byte, and a ranged request per rank and tensor would
-cost a curl process each.
+This is the path for everything the plain readers cannot take: an encrypted
+file (it decrypts chunk by chunk with libsodium), a load that asked for
+``verify_hash``, or a remote file loaded with ``num_readers`` (tensorizer
+streams it through that many parallel ranged curl requests). Every rank
+streams the whole file and its weight loaders keep their rows: decryption
+and hash checks need a tensor's every byte.
 
 The deserializer keeps every tensor it read until it is closed, so the file
 is read in batches of at most :data:`BATCH_BYTES` (one deserializer each,

@@ -1,11 +1,13 @@
-"""Ranged reads and listings of ``s3://`` objects (boto3) and ``http(s)://`` files (urllib).
+"""Ranged reads, streams and listings of ``s3://`` objects (boto3) and ``http(s)://`` files (urllib).
 
-The deserializer fetches tensor bytes itself (tensorizer streams through
-curl); this module reads what comes before: a file's size and its index (the
-head of the file), the side files beside it (``config.json``, the tokenizer)
-and, for ``s3://``, the listing of a prefix. Every call has short timeouts and
-one retry, so an unreachable endpoint fails in seconds with one line that
-names it, before the deserializer would retry for minutes.
+This module reads a file's size and its index (the head of the file), the
+side files beside it (``config.json``, the tokenizer), for ``s3://`` the
+listing of a prefix, and opens the one stream a plain file's tensors are read
+from (an S3 object through a presigned URL, so the bytes go from the socket
+straight into the parameters: no boto3 body wrapper, no curl process and
+pipe). Every call has short timeouts and one retry, so an unreachable
+endpoint fails in seconds with one line that names it, before the
+deserializer (encrypted files) would retry for minutes.
 """
 
 from __future__ import annotations
@@ -40,6 +42,12 @@ def _client(endpoint: str | None, key: str | None, secret: str | None) -> Any:
                     s3={"addressing_style": "path"} if endpoint else {})
     return boto3.session.Session().client("s3", endpoint_url=endpoint, aws_access_key_id=key,
                                           aws_secret_access_key=secret, config=config)
+
+
+def _client_with(options: TensorizerOptions, config: Any) -> Any:
+    import boto3
+
+    return boto3.session.Session().client("s3", endpoint_url=_endpoint(options), config=config)
 
 
 def s3_client(options: TensorizerOptions) -> Any:
@@ -105,8 +113,30 @@ class RemoteFile:
         """The file's length in bytes; ``FileNotFoundError`` if there is no such file."""
         return self._size
 
+    def _url(self) -> str:
+        """An ``http(s)://`` URL of the file: an S3 object's presigned for a GET (unsigned without credentials)."""
+        if not self.s3:
+            return self.uri
+        from botocore import UNSIGNED
+        from botocore.config import Config
+        from botocore.exceptions import NoCredentialsError
+
+        bucket, key = _split_s3(self.uri)
+        client = s3_client(self.options)
+        try:
+            return str(client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key}))
+        except NoCredentialsError:
+            unsigned = client.meta.config.merge(Config(signature_version=UNSIGNED))
+            anonymous = _client_with(self.options, unsigned)
+            return str(anonymous.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key}))
+
+    def stream(self) -> Any:
+        """The whole file as one GET response (``readinto`` reads it front to back)."""
+        return self._open("GET")
+
     def _open(self, method: str, headers: dict[str, str] | None = None) -> Any:
-        request = urllib.request.Request(self.uri, method=method, headers=headers or {})
+        request = urllib.request.Request(self._url() if method == "GET" else self.uri, method=method,
+                                         headers=headers or {})
         try:
             return urllib.request.urlopen(request, timeout=CONNECT_TIMEOUT_S + READ_TIMEOUT_S)
         except urllib.error.HTTPError as exc:

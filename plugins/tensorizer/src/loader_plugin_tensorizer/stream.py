@@ -4,10 +4,12 @@ Each file's index is read first (:mod:`.index`), so a file that is not
 tensorizer's, is truncated, or is encrypted with no key given is refused by
 name before any tensor is read. Then:
 
-- a plain local file, no hash check: :class:`~.local_tensor.LocalTensor` handles (each rank reads only its
-  rows, or maps them);
+- a plain file, no hash check: :class:`~.plain_tensor.PlainTensor` handles that read straight into the
+  parameters — a local file by positioned reads (each rank only its rows, or mapped), a remote one through
+  one ranged stream from byte 0 that serves the index too (:mod:`.remote_stream`);
 - ``loader inspect`` (headers only): handles built from the index, nothing fetched;
-- anything else (remote, encrypted, ``verify_hash``): tensorizer's deserializer (:mod:`.deserialized`).
+- anything else (encrypted, ``verify_hash``, a remote file with ``num_readers`` given): tensorizer's
+  deserializer (:mod:`.deserialized`).
 """
 
 from __future__ import annotations
@@ -23,22 +25,27 @@ from .deserialized import iter_deserialized
 from .errors import DecryptionError
 from .formats import is_remote
 from .index import TensorizedIndex, read_index
-from .local_tensor import LocalTensor
 from .options import TensorizerOptions
+from .plain_tensor import ByteSource, LocalFile, PlainTensor
 from .remote import RemoteFile
+from .remote_stream import RemoteStream
 
 __all__ = ["iter_tensorized", "open_index"]
 
 
+def _size(remote: RemoteFile | RemoteStream) -> int:
+    try:
+        return remote.size() if isinstance(remote, RemoteFile) else remote.size
+    except FileNotFoundError as exc:
+        raise CheckpointFormatError(f"{remote.remote.uri if isinstance(remote, RemoteStream) else remote.uri}: "
+                                    "no such file") from exc
+
+
 def open_index(file: str, options: TensorizerOptions) -> TensorizedIndex:
-    """The index of a local or remote ``.tensors`` file."""
+    """The index of a local or remote ``.tensors`` file (a remote one by ranged reads of its head)."""
     if is_remote(file):
         remote = RemoteFile(file, options)
-        try:
-            size = remote.size()
-        except FileNotFoundError as exc:
-            raise CheckpointFormatError(f"{file}: no such file") from exc
-        return read_index(remote.read, file, size)
+        return read_index(remote.read, file, _size(remote))
     try:
         fd = os.open(file, os.O_RDONLY)
     except FileNotFoundError as exc:
@@ -65,9 +72,28 @@ def _headers(index: TensorizedIndex) -> Iterator[tuple[str, CheckpointTensor]]:
         yield entry.name, HeaderOnlyTensor(entry.name, index.file, stored, entry.shape)
 
 
-def _local(index: TensorizedIndex, stats: ReadStats) -> Iterator[tuple[str, CheckpointTensor]]:
+def _plain(index: TensorizedIndex, source: ByteSource, stats: ReadStats) -> Iterator[tuple[str, CheckpointTensor]]:
     for entry in index.entries:
-        yield entry.name, LocalTensor(index.file, entry, entry.torch_dtype, stats)
+        yield entry.name, PlainTensor(source, entry, entry.torch_dtype, stats)
+
+
+def _open(file: str, options: TensorizerOptions, headers_only: bool) -> tuple[TensorizedIndex, ByteSource | None]:
+    """The file's index and where its plain bytes are read from (``None``: the deserializer reads it)."""
+    deserialized = options.verify_hash or (is_remote(file) and options.num_readers is not None)
+    if not is_remote(file) or headers_only or deserialized:
+        index = open_index(file, options)
+        plain = not (index.encrypted or deserialized or is_remote(file))
+        return index, LocalFile(file) if plain else None
+    stream = RemoteStream(file, options)
+    try:
+        index = read_index(stream.read, file, _size(stream))
+    except BaseException:
+        stream.close()
+        raise
+    if index.encrypted:
+        stream.close()
+        return index, None
+    return index, stream
 
 
 def iter_tensorized(files: Sequence[str], options: TensorizerOptions, stats: ReadStats, *, headers_only: bool = False,
@@ -78,15 +104,22 @@ def iter_tensorized(files: Sequence[str], options: TensorizerOptions, stats: Rea
     (rotary ``inv_freq`` tables); they are module state the model rebuilds from its config, not weights, and
     are left out, as ``save_pretrained`` leaves them out of safetensors.
     """
-    indexes = [open_index(file, options) for file in files]
-    if not parameter_names:
-        indexes = [index.without_buffers() for index in indexes]
-    for index in indexes:
-        if headers_only:
-            yield from _headers(index)
-            continue
-        _check_key(index, options)
-        if is_remote(index.file) or index.encrypted or options.verify_hash:
-            yield from iter_deserialized(index.file, index, options, stats)
-        else:
-            yield from _local(index, stats)
+    opened: list[tuple[TensorizedIndex, ByteSource | None]] = []
+    try:
+        for file in files:
+            opened.append(_open(file, options, headers_only))
+        for index, source in opened:
+            if not parameter_names:
+                index = index.without_buffers()
+            if headers_only:
+                yield from _headers(index)
+                continue
+            _check_key(index, options)
+            if source is None:
+                yield from iter_deserialized(index.file, index, options, stats)
+            else:
+                yield from _plain(index, source, stats)
+    finally:
+        for _, source in opened:
+            if isinstance(source, RemoteStream):
+                source.close()

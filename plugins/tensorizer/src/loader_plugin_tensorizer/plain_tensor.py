@@ -1,24 +1,26 @@
-"""Tensors of a plain (unencrypted) local ``.tensors`` file, read straight from their bytes.
+"""Tensors of a plain (unencrypted) ``.tensors`` file, read straight from their bytes.
 
 tensorizer stores each tensor's values contiguously, row-major, at the
 offset its index gives, so a rank narrowed on dim 0 (column-parallel
 layers, the vocabulary) reads only its own rows, and an unconverted read
-is one positioned read into the parameter (or a mapping of the file: the
-handle offers a :class:`~loader.weights.FileSpan`).
+goes straight into the parameter. Where the bytes come from is a
+:class:`ByteSource`: a local file (positioned reads on the I/O pool, and a
+:class:`~loader.weights.FileSpan` so a mapped load can map it) or a remote
+file's :class:`~.remote_stream.RemoteStream` (read front to back).
 
 A narrow on another dim (row-parallel layers) keeps rows whole on disk: the
 rows are read into a staging buffer that one thread reuses from tensor to
 tensor (fresh memory is slow to fault in; the largest tensor's worth is
 allocated once), and this rank's columns are copied out of it. Nothing handed
-out may alias that buffer: :meth:`LocalTensor.read` returns a copy, and
-:meth:`LocalTensor.read_into` copies into the destination before the buffer is
+out may alias that buffer: :meth:`PlainTensor.read` returns a copy, and
+:meth:`PlainTensor.read_into` copies into the destination before the buffer is
 used again.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from loader.io import read_file_range
 from loader.weights import CheckpointTensor, FileSpan, ReadStats
@@ -28,7 +30,31 @@ from .index import TensorEntry
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["LocalTensor", "StagingBuffer"]
+__all__ = ["ByteSource", "LocalFile", "PlainTensor", "StagingBuffer"]
+
+
+class ByteSource(Protocol):
+    """Where a plain file's bytes are read from."""
+
+    name: str
+    """The file's path or URI, for messages."""
+    mappable: bool
+    """Whether :attr:`name` is a local file a mapped load may map."""
+
+    def read_into(self, view: memoryview, offset: int, what: str) -> None:
+        """Fill ``view`` with the file's bytes from ``offset``; a short file raises naming ``what``."""
+
+
+class LocalFile:
+    """A local file, read by positioned reads (large ones split over the I/O pool)."""
+
+    mappable = True
+
+    def __init__(self, path: str) -> None:
+        self.name = path
+
+    def read_into(self, view: memoryview, offset: int, what: str) -> None:
+        read_file_range(self.name, view, offset, what)
 
 
 class StagingBuffer(threading.local):
@@ -49,13 +75,14 @@ class StagingBuffer(threading.local):
 STAGING = StagingBuffer()
 
 
-class LocalTensor(CheckpointTensor):
-    """A tensor of a local file: ``rows`` of its dim 0 at ``offset``, then column ``narrows`` applied on read."""
+class PlainTensor(CheckpointTensor):
+    """A tensor of a plain file: ``rows`` of its dim 0 at ``offset``, then column ``narrows`` applied on read."""
 
-    def __init__(self, path: str, entry: TensorEntry, dtype: torch.dtype, stats: ReadStats, *,
+    def __init__(self, source: ByteSource, entry: TensorEntry, dtype: torch.dtype, stats: ReadStats, *,
                  offset: int | None = None, shape: tuple[int, ...] | None = None,
                  narrows: tuple[tuple[int, int, int], ...] = ()) -> None:
-        self.file = path
+        self.source = source
+        self.file = source.name
         self.name = entry.name
         self.entry = entry
         self._dtype = dtype
@@ -85,36 +112,36 @@ class LocalTensor(CheckpointTensor):
             count *= size
         return count * self._dtype.itemsize
 
-    def narrow(self, dim: int, start: int, length: int) -> LocalTensor:
+    def narrow(self, dim: int, start: int, length: int) -> PlainTensor:
         dim = self.check_narrow(dim, start, length)
         if start == 0 and length == self._shape[dim]:
             return self  # a row-parallel layer at tp=1 asks for every column: read (or map) the rows directly
         if dim == 0 and not self.narrows:
             row = self.stored_bytes // self.stored_shape[0] if self.stored_shape[0] else 0
-            return LocalTensor(self.file, self.entry, self._dtype, self.stats, offset=self.offset + start * row,
+            return PlainTensor(self.source, self.entry, self._dtype, self.stats, offset=self.offset + start * row,
                                shape=(length, *self.stored_shape[1:]))
-        return LocalTensor(self.file, self.entry, self._dtype, self.stats, offset=self.offset,
+        return PlainTensor(self.source, self.entry, self._dtype, self.stats, offset=self.offset,
                            shape=self.stored_shape, narrows=(*self.narrows, (dim, start, length)))
 
     def file_span(self) -> FileSpan | None:
-        if self.narrows:
+        if self.narrows or not self.source.mappable:
             return None
         return FileSpan(self.file, self.offset, self.stored_bytes, self.stats)
 
-    def _pread(self, out: torch.Tensor) -> None:
+    def _read_rows(self, out: torch.Tensor) -> None:
         """Read the stored rows into ``out`` (contiguous CPU, the stored dtype and shape, or raw bytes)."""
         import torch
 
         nbytes = self.stored_bytes
         if nbytes:
             view = memoryview(out.view(-1).view(torch.uint8).numpy().data).cast("B")
-            read_file_range(self.file, view, self.offset, f"tensor {self.name!r}")
+            self.source.read_into(view, self.offset, f"tensor {self.name!r}")
         self.stats.add(nbytes, 1)
 
     def _staged(self) -> torch.Tensor:
         """The narrowed values as a view of this thread's staging buffer: valid until its next use."""
         rows = STAGING.take(self.stored_bytes)
-        self._pread(rows)
+        self._read_rows(rows)
         values = rows.view(self._dtype).view(self.stored_shape)
         for dim, start, length in self.narrows:
             values = values.narrow(dim, start, length)
@@ -134,6 +161,6 @@ class LocalTensor(CheckpointTensor):
         direct = not self.narrows and out.device.type == "cpu" and out.dtype == self._dtype and out.is_contiguous()
         with torch.no_grad():
             if direct:
-                self._pread(out.detach())
+                self._read_rows(out.detach())
             else:
                 out.detach().copy_(self._staged())
