@@ -35,6 +35,7 @@ from benchmarks.runner import REPO_ROOT
 OUT = Path(__file__).resolve().parent / "out"
 TAG = "tensorizer"
 DESERIALIZER = "tensorizer's TensorDeserializer"
+RUNAI = "safetensors via loader's Run:ai streamer"
 
 
 def _child(kind: str, source: str) -> None:
@@ -110,14 +111,25 @@ def _run(kind: str, source: str, env: dict[str, str], warm: list[Path]) -> dict[
 
 
 def _measure(runs: list[tuple[str, str, str, list[Path]]], env: dict[str, str], reps: int,
-             where: str) -> dict[str, list[dict[str, Any]]]:
-    """``runs`` (label, kind, source, files to warm) ``reps`` times, the order reversed every other repetition."""
+             where: str, optional: tuple[str, ...] = ()) -> dict[str, list[dict[str, Any]]]:
+    """``runs`` (label, kind, source, files to warm) ``reps`` times, the order reversed every other repetition.
+
+    A run of an ``optional`` label that fails is recorded as failed (its last error line) instead of ending the
+    benchmark: those rows are context, not the comparison.
+    """
     records: dict[str, list[dict[str, Any]]] = {label: [] for label, *_ in runs}
     for rep in range(reps):
         for label, kind, source, warm in runs if rep % 2 == 0 else runs[::-1]:
-            record = _run(kind, source, env, warm)
+            try:
+                record = _run(kind, source, env, warm)
+            except RuntimeError as exc:
+                if label not in optional:
+                    raise
+                record = {"failed": str(exc).strip().splitlines()[-1]}
+                print(f"{where} {label}: failed: {record['failed']}", flush=True)
+            else:
+                print(f"{where} {label}: {record['seconds']:.3f} s", flush=True)
             records[label].append(record)
-            print(f"{where} {label}: {record['seconds']:.3f} s", flush=True)
     return records
 
 
@@ -150,8 +162,8 @@ def _s3(folder: Path, tz: Path, reps: int, env: dict[str, str]) -> dict[str, lis
         upload_folder(client, folder, "bench", "st")
         return _measure([("tensorizer file via loader", "tp1", "s3://bench/tz/model.tensors", []),
                          (DESERIALIZER, "deserializer", "s3://bench/tz/model.tensors", []),
-                         ("safetensors via loader's Run:ai streamer", "tp1", "s3://bench/st", [])],
-                        s3_env, reps, "s3")
+                         (RUNAI, "tp1", "s3://bench/st", [])],
+                        s3_env, reps, "s3", optional=(RUNAI,))
     finally:
         server.stop()
 
@@ -160,9 +172,16 @@ def _table(records: dict[str, list[dict[str, Any]]], reference: str | None) -> l
     base = statistics.median(r["seconds"] for r in records[reference]) if reference else None
     head = "| path | median s | runs (s) |" + (" vs deserializer |" if base else "")
     lines = [head, "|---|---|---|" + ("---|" if base else "")]
-    for label, values in records.items():
+    for label, all_values in records.items():
+        values = [r for r in all_values if "seconds" in r]
+        failures = [r["failed"] for r in all_values if "failed" in r]
+        if not values:
+            lines.append(f"| {label} | failed | {failures[0]} |" + (" |" if base else ""))
+            continue
         median = statistics.median(r["seconds"] for r in values)
         runs = ", ".join(f"{r['seconds']:.2f}" for r in values)
+        if failures:
+            runs += f" ({len(failures)} failed: {failures[0]})"
         builds = [r["build_seconds"] for r in values if "build_seconds" in r]
         if builds:
             runs += f" (model build {statistics.median(builds):.2f} of it)"
