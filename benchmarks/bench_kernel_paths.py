@@ -229,8 +229,8 @@ def main() -> int:
         f"- Date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {time.monotonic() - began:.0f} s",
         f"- Machine: {describe_machine()}",
         f"- Software: {describe_software(REPO)}",
-        f"- 1-min load average at each format's start: {', '.join(f'{v:.2f}' for v in loads)} — other helpers "
-        "were running tests and benchmarks on this machine at the same time; rounds are interleaved so each "
+        f"- 1-min load average at each format's start: {', '.join(f'{v:.2f}' for v in loads)} (this benchmark's "
+        f"own {args.threads} threads count; more is other work on the machine); rounds are interleaved so each "
         "comparison sees the same load",
         f"- Per-layer-shape micro timings, {args.threads} threads, fastest of {args.rounds} interleaved rounds, "
         f"each shape on its first {ROWS} rows scaled to the whole layer, the four linears of one decoder layer "

@@ -188,6 +188,21 @@ def test_measuring_for_real_takes_every_bucket_and_prunes_a_hopeless_path():
     assert set(slow_calls) == {1, 8}
 
 
+def test_a_path_whose_fixed_cost_amortizes_is_timed_where_it_catches_up(monkeypatch):
+    """Dequantizing every call costs the same at 1 token as at 512: far behind the packed kernel at small inputs,
+    it wins at large ones, so it is not pruned as hopeless (its gap to the kept dense weight never closes: that
+    is not the comparison); a kernel slower per token (float32 packed) is."""
+    monkeypatch.setattr(kernel_timing, "_timed", lambda call, x: call(x))
+    seconds = {"packed-bf16": lambda x: 5e-4 + 4e-4 * x.shape[0],  # 0.9 ms at 1 token, 205 ms at 512
+               "packed": lambda x: 2e-2 * x.shape[0],  # the float32 kernel: 22x behind, and more with tokens
+               "dequantize": lambda x: 5e-2 + 1e-4 * x.shape[0],  # 55x behind at 1 token, 0.55x at 512
+               "dense": lambda x: 2e-4 + 5e-6 * x.shape[0]}  # the kept weight: a dequantization never catches it
+    timings = kernel_timing.measure_paths(seconds, 16, torch.float32)
+    assert "dequantize" in timings[512] and "packed" not in timings[512]
+    plan = plan_from_timings("float32", timings, ["packed", "packed-bf16", "dequantize"], exact=False)
+    assert plan.path_for(1) == "packed-bf16" and plan.path_for(512) == "dequantize"
+
+
 def test_measuring_can_be_turned_off_and_a_bad_value_is_named(monkeypatch):
     monkeypatch.setenv("LOADER_KERNEL_MEASURE", "0")
     assert plan_weight_paths(_int4(), "test:off", torch.float32).source == "static"

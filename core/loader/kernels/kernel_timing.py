@@ -6,8 +6,10 @@ given input width and group, a slice of at most :data:`MEASURE_ROWS` output rows
 with the rows alike) is timed the first time a load meets it: each path at each of
 :data:`~loader.kernels.token_plan.TOKEN_BUCKETS` tokens, in :data:`ROUNDS` interleaved rounds, the fastest
 call kept (:func:`measure_paths`: the least disturbed by other work on a shared machine). A path far behind
-(:data:`HOPELESS`) and slow is not timed again, nor at larger buckets (the float32 packed kernel at 512
-tokens would cost a second alone). That is a few seconds per layer kind on a 2-core machine.
+(:data:`HOPELESS`) and slow whose gap is not closing is not timed at larger buckets (the float32 packed
+kernel at 512 tokens would cost a second alone); one whose cost is mostly fixed per call (dequantizing the
+weight every call) is kept, since that cost amortizes over large inputs. That is a few
+seconds per layer kind on a 2-core machine.
 
 The timings are kept in ``<cache root>/kernel-timings/<fingerprint>.json``, the fingerprint a digest of the
 torch version, the CPU capability and model, torch's thread count and the sources of the kernels timed (this
@@ -33,9 +35,9 @@ import torch
 from .._atomic_file import replaced_atomically
 from .._cache_root import cache_root, warn_cache_not_written
 from .._settings import KERNEL_MEASURE
-from .token_plan import TOKEN_BUCKETS, TokenPlan, plan_from_timings, static_plan
+from .token_plan import DENSE, TOKEN_BUCKETS, TokenPlan, plan_from_timings, static_plan
 
-__all__ = ["CALL_BUDGET_S", "HOPELESS", "HOPELESS_MIN_S", "MEASURE_ROWS", "MIN_SPAN_S", "ROUNDS", "Timings",
+__all__ = ["CALL_BUDGET_S", "CATCH_UP", "HOPELESS", "HOPELESS_MIN_S", "MEASURE_ROWS", "MIN_SPAN_S", "ROUNDS", "Timings",
            "measure_paths", "measured_plan", "timings_fingerprint", "timings_path"]
 
 MEASURE_ROWS = 1024
@@ -47,7 +49,13 @@ CALL_BUDGET_S = 0.05
 """A call slower than this is timed in two rounds only."""
 HOPELESS = 8.0
 HOPELESS_MIN_S = 0.01
-"""A path this slow and :data:`HOPELESS` times behind at two buckets in a row is not timed at larger ones."""
+"""A path this slow and :data:`HOPELESS` times behind at two buckets in a row is not timed at larger ones,
+unless it may catch up (:data:`CATCH_UP`)."""
+CATCH_UP = 0.5
+"""A hopeless path is still timed at larger buckets when its gap to the best quantized path shrank to this
+fraction or less from one bucket to the next: a fixed per-call cost (a dequantization) amortizing over tokens.
+(Extrapolating each path linearly from two small buckets was tried: a dequantization's few-millisecond noise
+makes its slope, and so its 512-token estimate, 4-8x too high.)"""
 
 Timings = dict[int, dict[str, float]]
 """Seconds per call, by token bucket, then path."""
@@ -77,7 +85,8 @@ def measure_paths(paths: Mapping[str, PathCall], in_features: int, dtype: torch.
     has passed — the fastest call of each kept: a burst of other work slows the calls of one moment, and the
     minimum over rounds spread over the whole span finds the quiet moments. A call over :data:`CALL_BUDGET_S`
     is timed twice only. In the first round a path :data:`HOPELESS` times behind the best and over
-    :data:`HOPELESS_MIN_S` at the two buckets before is not timed at larger ones (where it only loses more).
+    :data:`HOPELESS_MIN_S` at the two buckets before is not timed at larger ones, unless its gap to the best is
+    closing (:func:`_pruned`).
     """
     generator = torch.Generator().manual_seed(0)
     inputs = {bucket: torch.randn(bucket, in_features, generator=generator).to(dtype) for bucket in buckets}
@@ -89,7 +98,7 @@ def measure_paths(paths: Mapping[str, PathCall], in_features: int, dtype: torch.
         while round_index < ROUNDS or (time.perf_counter() - began < MIN_SPAN_S and round_index < 4 * ROUNDS):
             for index, bucket in enumerate(buckets):
                 if round_index == 0 and index >= 2:
-                    for name in _hopeless(timings[buckets[index - 1]]) & _hopeless(timings[buckets[index - 2]]):
+                    for name in _pruned(timings, buckets[index - 2], buckets[index - 1]):
                         for later in buckets[index:]:
                             live[later].pop(name, None)
                 for name, call in list(live[bucket].items()):
@@ -109,6 +118,21 @@ def _hopeless(measured: Mapping[str, float]) -> set[str]:
         return set()
     best = min(measured.values())
     return {name for name, seconds in measured.items() if seconds > HOPELESS * best and seconds > HOPELESS_MIN_S}
+
+
+def _pruned(timings: Timings, first: int, second: int) -> set[str]:
+    """The paths hopeless at buckets ``first`` and ``second`` whose gap to the best quantized path (any but
+    :data:`~loader.kernels.token_plan.DENSE`, the kept weight, which a fixed cost never catches) does not shrink
+    to :data:`CATCH_UP` of what it was: a per-token cost as the best's (float32 packed) only loses more with
+    tokens, a fixed per-call cost (dequantizing every call) falls behind less and less and is kept."""
+
+    def gap(bucket: int, name: str) -> float:
+        measured = timings[bucket]
+        quantized = [seconds for path, seconds in measured.items() if path != DENSE] or list(measured.values())
+        return measured[name] / min(quantized)
+
+    candidates = _hopeless(timings[first]) & _hopeless(timings[second])
+    return {name for name in candidates if gap(second, name) > CATCH_UP * gap(first, name)}
 
 
 @functools.cache

@@ -271,13 +271,15 @@ def test_a_fused_layer_whose_parts_need_different_kernels_keeps_each_run_of_part
     packed, report = loader.load_model_with_report(str(path), quantization="gguf")
     layers = report.quantization["layers"]
     gate_up = layers["model.layers.0.mlp.gate_up_proj"]
+    static = {"by_tokens": {"float32": dict.fromkeys(("1", "2-16", "17-64", "65-256", "257+"), "packed-bf16")},
+              "paths_from": "static"}  # each packed segment planned as a layer (tests: the static rule)
     assert gate_up == {"kernel": "int4+int4x2", "types": ("Q4_1", "Q8_0"), "reason": None, "dtype": None,
                        "packed_bytes": int4_packed_bytes(128, 64, torch.bfloat16)
-                       + int4_packed_bytes(2 * 128, 64, torch.bfloat16)}
+                       + int4_packed_bytes(2 * 128, 64, torch.bfloat16), **static}
     qkv = layers["model.layers.1.self_attn.qkv_proj"]
     assert qkv == {"kernel": "int4+dequantized", "types": ("Q4_1", "Q4_1", "F16"),
                    "reason": "part 'v': ggml type F16 has no packed int4 kernel", "dtype": "float32",
-                   "packed_bytes": int4_packed_bytes(96, 64, torch.bfloat16)}
+                   "packed_bytes": int4_packed_bytes(96, 64, torch.bfloat16), **static}
     assert report.quantization["kernels"] == {"int4": 6, "int4+int4x2": 1, "int4+dequantized": 1, "blocks": 1,
                                               "blocks+int4": 1}
     whole = loader.load_model(str(uniform), quantization="gguf")  # every part Q4_1: one int4 weight a layer
@@ -305,6 +307,40 @@ def test_a_fused_layer_whose_parts_need_different_kernels_keeps_each_run_of_part
     with torch.no_grad():
         logits, reference = packed(ids), loader.load_model(str(path), dtype="float32")(ids)
     assert relative_error(logits, reference) <= 3e-2
+
+
+def test_each_packed_segment_runs_the_path_its_timings_choose_per_input_size(tmp_path, monkeypatch):
+    """A segmented layer's packed runs are planned like whole layers: with timings in which the dequantized twin
+    wins at large inputs, a 300-token call dequantizes every packed segment and a 1-token call runs the kernels;
+    the record joins the segments' paths per bucket."""
+    from loader.kernels import TOKEN_BUCKETS, kernel_timing, weight_paths
+    from tests.helpers.gguf_files import write_gguf
+    from tests.helpers.hf_checkpoints import build_model, tiny_config
+
+    monkeypatch.setenv("LOADER_KERNEL_MEASURE", "1")
+    monkeypatch.setenv("LOADER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(kernel_timing, "_memory", {})
+    fixed_cost = {b: {"packed-bf16": 1e-4 * b, "dequantize": 5e-3, "dense": 1e-5 * b} for b in TOKEN_BUCKETS}
+    monkeypatch.setattr(kernel_timing, "measure_paths", lambda *args, **kwargs: fixed_cost)
+    model = build_model("llama", tiny_config("llama", vocab_size=288, rope_scaling=None))
+    path = write_gguf(tmp_path / "mixed.gguf", model, "llama", qtype=Q.Q4_1,
+                      quantized_as={"blk.0.ffn_up.weight": Q.Q8_0})
+    packed, report = loader.load_model_with_report(str(path), quantization="gguf")
+    record = report.quantization["layers"]["model.layers.0.mlp.gate_up_proj"]
+    assert record["kernel"] == "int4+int4x2" and record["paths_from"] == "measured"
+    assert record["by_tokens"] == {"float32": {"1": "packed-bf16", "2-16": "packed-bf16", "17-64": "packed-bf16",
+                                               "65-256": "dequantize", "257+": "dequantize"}}
+    layer = dict(packed.named_modules())["model.layers.0.mlp.gate_up_proj"]
+    ran: list[str] = []
+    real_run_path = weight_paths.run_path
+    monkeypatch.setattr(weight_paths, "run_path", lambda w, p, x, d=None: ran.append(p) or real_run_path(w, p, x, d))
+    with torch.no_grad():
+        for tokens in (1, 300):
+            x = torch.randn(tokens, 64, generator=torch.Generator().manual_seed(tokens))
+            expected = torch.cat([torch.nn.functional.linear(x.bfloat16().float(), w)
+                                  for _, _, w in _segment_weights(packed, "model.layers.0.mlp.gate_up_proj")], -1)
+            assert relative_error(layer(x), expected) <= 1e-2
+    assert ran == ["packed-bf16", "packed-bf16", "dequantize", "dequantize"]
 
 
 @pytest.mark.parametrize("rank", [0, 1])

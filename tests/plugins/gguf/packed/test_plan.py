@@ -59,7 +59,9 @@ def test_inspect_plans_each_layer_exactly_as_the_load_records_it(mixed):
     # q and k on the int4 kernel, v (Q8_0) beside them as two int4 planes: one segment each, both packed
     assert plan["model.layers.1.self_attn.qkv_proj"] == {
         "kernel": "int4+int4x2", "types": ["Q4_1", "Q4_1", "Q8_0"], "reason": None, "dtype": None,
-        "packed_bytes": (384 * 256 // 2 + 8 * 384 * 2 * 2) + (2 * 128 * 256 // 2 + 8 * 2 * 128 * 2 * 2)}
+        "packed_bytes": (384 * 256 // 2 + 8 * 384 * 2 * 2) + (2 * 128 * 256 // 2 + 8 * 2 * 128 * 2 * 2),
+        "paths_from": "static",  # each packed segment planned as a layer of its kernel
+        "by_tokens": {"float32": dict.fromkeys(("1", "2-16", "17-64", "65-256", "257+"), "packed-bf16")}}
     assert plan["model.layers.0.self_attn.o_proj"]["dtype"] == "bfloat16"  # dtype auto: the kernel's, not float32
     assert plan["model.layers.0.mlp.down_proj"]["reason"] == "ggml type F16 has no packed int4 kernel"
     assert plan["model.layers.0.mlp.down_proj"]["dtype"] == "float32"  # a float tensor keeps the load's dtype
@@ -77,7 +79,8 @@ def test_the_text_table_lists_each_layer_s_block_types(mixed):
             "blocks+int4 1" in text.stdout)  # blocks+int4: the untied output head
     assert "  dequantized (2 layers): output features 72 are not a multiple of 16" in text.stdout
     row = next(line for line in text.stdout.splitlines() if line.startswith("model.layers.1.self_attn.qkv_proj"))
-    assert row.split()[1:] == ["int4+int4x2", "Q4_1,", "Q4_1,", "Q8_0", "102400"]
+    assert row.split()[1:] == ["int4+int4x2", "Q4_1,", "Q4_1,", "Q8_0", "102400", "float32:", "packed-bf16",
+                               "static"]  # each packed segment planned: the segments' paths joined
     row = next(line for line in text.stdout.splitlines() if line.startswith("model.layers.0.self_attn.qkv_proj"))
     assert row.split()[1:] == ["int4", "Q4_K,", "Q4_0,", "Q4_1", str(512 * 256 // 2 + 8 * 512 * 2 * 2),
                                "float32:", "packed-bf16", "static"]

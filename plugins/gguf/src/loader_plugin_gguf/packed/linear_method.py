@@ -92,7 +92,7 @@ from .decide import Decision, decide, dense_dtype
 from .linear_state import GGUFLayerState, LayerSegment, RankSplit
 from .options import FALLBACK, METHOD_NAME, dtype_name, kernel_dtype_for
 from .plan import fill_from_header
-from .segments import apply_segments, current_segments, keep_segments
+from .segments import apply_segments, current_segments, keep_segments, merged_plans
 
 if TYPE_CHECKING:
     from torch import nn
@@ -210,7 +210,10 @@ class GGUFLinearMethod(LinearMethodBase):
                        for s in decision.segments if s.kernel != FALLBACK)
             dense = [s for s in decision.segments if s.kernel == FALLBACK]
             dtype_of = dtype_name(dense_dtype(state, dense[0].types, self.config.dense_dtype)) if dense else None
-            return KernelChoice(decision.kernel, decision.reason, decision.types, size, dtype_of)
+            packed_plans = [paths_from_shapes(state.params_dtype, kernel_dtype, exact=kernel_dtype == torch.float32)
+                            for s in decision.segments if s.kernel != FALLBACK]
+            return KernelChoice(decision.kernel, decision.reason, decision.types, size, dtype_of,
+                                paths=merged_plans([plans for plans in packed_plans if plans]))
         if decision.reason is None:
             size = linear_packing.packed_bytes(decision.kernel, *decision.shape, kernel_dtype)
             paths = paths_from_shapes(state.params_dtype, kernel_dtype, exact=kernel_dtype == torch.float32)

@@ -35,12 +35,15 @@ class LayerSegment:
     :ivar kernel: ``int4``, ``int4x2`` or ``dequantized``.
     :ivar weight: an :class:`~loader.kernels.Int4CpuWeight` (``int4``), an
         :class:`~loader.kernels.Int8GroupedWeight` (``int4x2``) or the dense weight ``[rows, cols]``.
+    :ivar plans: a packed segment's path per activation dtype and token count, as a whole layer's
+        (:func:`loader.kernels.plan_weight_paths`); empty for a dense one.
     """
 
     start: int
     rows: int
     kernel: str
     weight: Int4CpuWeight | Int8GroupedWeight | torch.Tensor
+    plans: tuple[TokenPlan, ...] = ()
 
 
 @attrs.define

@@ -4,7 +4,10 @@ A Q4_K_M file's ``attn_v`` is Q6_K beside Q4_K ``q``/``k`` in about half the lay
 Q4 parts: one call cannot take two kernels, so each run of consecutive parts on one kernel
 (:class:`~.decide.PlannedSegment`) keeps its own buffers (``segment{i}_packed_weight`` /
 ``segment{i}_packed_scales_and_zeros``, or a dense ``segment{i}_weight``) and the layer's output is the
-segments' outputs side by side.
+segments' outputs side by side. Each packed segment is planned like a whole layer of its kernel
+(:func:`loader.kernels.plan_weight_paths`: the packed kernel or its dequantized twin per activation dtype and
+token count, timed once per segment shape on this machine); the layer's record shows the segments' paths per
+bucket joined with ``+`` in row order.
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
+import attrs
 import torch
 
-from loader.kernels import Int4CpuWeight, Int8GroupedWeight, KernelChoice
+from loader.kernels import Int4CpuWeight, Int8GroupedWeight, KernelChoice, TokenPlan, plan_weight_paths, run_planned
 
 from .decide import Decision, PlannedSegment, dense_dtype
 from .linear_packing import dense_weight, keep_packed, kernel_weight, packed_buffers, packed_weight
@@ -27,7 +31,7 @@ if TYPE_CHECKING:
 
     from .config import GGUFQuantConfig
 
-__all__ = ["apply_segments", "current_segments", "keep_segments"]
+__all__ = ["apply_segments", "current_segments", "keep_segments", "merged_plans"]
 
 
 def keep_segments(layer: nn.Module, state: GGUFLayerState, decision: Decision, config: GGUFQuantConfig,
@@ -44,8 +48,25 @@ def keep_segments(layer: nn.Module, state: GGUFLayerState, decision: Decision, c
             continue
         packed_total += keep_packed(layer, f"{name}_", packed_weight(config, segment.kernel, segment.tensors,
                                                                      kernel_dtype))
-    state.segments = _segment_weights(layer, decision.segments, state.cols)
-    return KernelChoice(decision.kernel, decision.reason, decision.types, packed_total, dense_name)
+    exact = kernel_dtype == torch.float32
+    state.segments = [segment if isinstance(segment.weight, torch.Tensor) else attrs.evolve(
+        segment, plans=(plan_weight_paths(segment.weight, f"gguf:{segment.kernel}:{dtype_name(kernel_dtype)}",
+                                          state.params_dtype, exact=exact),))
+        for segment in _segment_weights(layer, decision.segments, state.cols)]
+    paths = merged_plans([segment.plans for segment in state.segments if segment.plans])
+    return KernelChoice(decision.kernel, decision.reason, decision.types, packed_total, dense_name, paths=paths)
+
+
+def merged_plans(plans: Sequence[tuple[TokenPlan, ...]]) -> tuple[TokenPlan, ...]:
+    """The packed segments' plans as one record: per dtype and bucket their paths in row order, repeats dropped,
+    joined with ``+`` (``packed+dequantize``); the sources likewise. For the report only: each segment runs its
+    own plan."""
+    merged = []
+    for dtype in dict.fromkeys(plan.dtype for segment in plans for plan in segment):
+        mine = [plan for segment in plans for plan in segment if plan.dtype == dtype]
+        paths = tuple("+".join(dict.fromkeys(names)) for names in zip(*(plan.paths for plan in mine), strict=True))
+        merged.append(TokenPlan(dtype, paths, "+".join(dict.fromkeys(plan.source for plan in mine))))
+    return tuple(merged)
 
 
 def _segment_weights(layer: nn.Module, planned: Sequence[PlannedSegment | LayerSegment],
@@ -60,7 +81,8 @@ def _segment_weights(layer: nn.Module, planned: Sequence[PlannedSegment | LayerS
         else:
             data, sz = packed_buffers(layer, f"{name}_")
             weight = kernel_weight(segment.kernel, Int4CpuWeight(data, sz, GROUP_SIZE, cols))
-        segments.append(LayerSegment(segment.start, segment.rows, segment.kernel, weight))
+        plans = segment.plans if isinstance(segment, LayerSegment) else ()
+        segments.append(LayerSegment(segment.start, segment.rows, segment.kernel, weight, plans))
     return segments
 
 
@@ -94,6 +116,9 @@ def apply_segments(segments: Sequence[LayerSegment], x: torch.Tensor) -> torch.T
         weight = segment.weight
         if isinstance(weight, torch.Tensor):
             outs.append(torch.nn.functional.linear(x.to(weight.dtype), weight).to(x.dtype))
+            continue
+        if segment.plans:
+            outs.append(run_planned(weight, segment.plans, x).to(x.dtype))
             continue
         if kernel_input is None or kernel_input.dtype != weight.kernel_dtype:
             kernel_input = x.to(weight.kernel_dtype)
