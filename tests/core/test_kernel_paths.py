@@ -196,9 +196,10 @@ def test_a_path_whose_fixed_cost_amortizes_is_timed_where_it_catches_up(monkeypa
     seconds = {"packed-bf16": lambda x: 5e-4 + 4e-4 * x.shape[0],  # 0.9 ms at 1 token, 205 ms at 512
                "packed": lambda x: 2e-2 * x.shape[0],  # the float32 kernel: 22x behind, and more with tokens
                "dequantize": lambda x: 5e-2 + 1e-4 * x.shape[0],  # 55x behind at 1 token, 0.55x at 512
-               "dense": lambda x: 2e-4 + 5e-6 * x.shape[0]}  # the kept weight: a dequantization never catches it
+               "dense": lambda x: 2e-4 + 5e-6 * x.shape[0],  # the kept weight: a dequantization never catches it
+               "fixed-cost": lambda x: 6e-2 + 1e-4 * x.shape[0]}  # any path whose gap closes, not only the twin
     timings = kernel_timing.measure_paths(seconds, 16, torch.float32)
-    assert "dequantize" in timings[512] and "packed" not in timings[512]
+    assert "dequantize" in timings[512] and "fixed-cost" in timings[512] and "packed" not in timings[512]
     plan = plan_from_timings("float32", timings, ["packed", "packed-bf16", "dequantize"], exact=False)
     assert plan.path_for(1) == "packed-bf16" and plan.path_for(512) == "dequantize"
 

@@ -35,7 +35,7 @@ import torch
 from .._atomic_file import replaced_atomically
 from .._cache_root import cache_root, warn_cache_not_written
 from .._settings import KERNEL_MEASURE
-from .token_plan import DENSE, TOKEN_BUCKETS, TokenPlan, plan_from_timings, static_plan
+from .token_plan import DENSE, DEQUANTIZE, TOKEN_BUCKETS, TokenPlan, plan_from_timings, static_plan
 
 __all__ = ["CALL_BUDGET_S", "CATCH_UP", "HOPELESS", "HOPELESS_MIN_S", "MEASURE_ROWS", "MIN_SPAN_S", "ROUNDS", "Timings",
            "measure_paths", "measured_plan", "timings_fingerprint", "timings_path"]
@@ -86,7 +86,7 @@ def measure_paths(paths: Mapping[str, PathCall], in_features: int, dtype: torch.
     minimum over rounds spread over the whole span finds the quiet moments. A call over :data:`CALL_BUDGET_S`
     is timed twice only. In the first round a path :data:`HOPELESS` times behind the best and over
     :data:`HOPELESS_MIN_S` at the two buckets before is not timed at larger ones, unless its gap to the best is
-    closing (:func:`_pruned`).
+    closing or it is the dequantized twin (:func:`_pruned`).
     """
     generator = torch.Generator().manual_seed(0)
     inputs = {bucket: torch.randn(bucket, in_features, generator=generator).to(dtype) for bucket in buckets}
@@ -124,14 +124,16 @@ def _pruned(timings: Timings, first: int, second: int) -> set[str]:
     """The paths hopeless at buckets ``first`` and ``second`` whose gap to the best quantized path (any but
     :data:`~loader.kernels.token_plan.DENSE`, the kept weight, which a fixed cost never catches) does not shrink
     to :data:`CATCH_UP` of what it was: a per-token cost as the best's (float32 packed) only loses more with
-    tokens, a fixed per-call cost (dequantizing every call) falls behind less and less and is kept."""
+    tokens, a fixed per-call cost falls behind less and less and is kept. The dequantized twin is never pruned:
+    every default is judged against it, its cost is bounded (a dequantization and the dense matmul), and a
+    single noisy first-round call must not drop it where it wins."""
 
     def gap(bucket: int, name: str) -> float:
         measured = timings[bucket]
         quantized = [seconds for path, seconds in measured.items() if path != DENSE] or list(measured.values())
         return measured[name] / min(quantized)
 
-    candidates = _hopeless(timings[first]) & _hopeless(timings[second])
+    candidates = (_hopeless(timings[first]) & _hopeless(timings[second])) - {DEQUANTIZE}
     return {name for name in candidates if gap(second, name) > CATCH_UP * gap(first, name)}
 
 
