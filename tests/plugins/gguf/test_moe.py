@@ -78,6 +78,36 @@ def test_quantized_experts_stay_packed_and_compute_the_dequantized_experts(moe_g
         assert relative_error(experts(hidden, logits), reference(hidden, logits)) <= PACKED_TOLERANCE
 
 
+def test_each_expert_call_runs_the_path_its_part_s_timings_choose_for_the_rows_routed(moe_gguf, tmp_path,
+                                                                                       monkeypatch):
+    """A packed part is planned like a linear layer: with timings in which the dequantized twin wins at large
+    inputs, an expert reached by many rows dequantizes and one reached by a few runs the kernel; the record has
+    the part's path per bucket."""
+    from loader.kernels import TOKEN_BUCKETS, kernel_timing, weight_paths
+
+    monkeypatch.setenv("LOADER_KERNEL_MEASURE", "1")
+    monkeypatch.setenv("LOADER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(kernel_timing, "_memory", {})
+    fixed_cost = {b: {"packed-bf16": 1e-4 * b, "dequantize": 5e-3, "dense": 1e-5 * b} for b in TOKEN_BUCKETS}
+    monkeypatch.setattr(kernel_timing, "measure_paths", lambda *args, **kwargs: fixed_cost)
+    path, _ = moe_gguf("qwen3_moe", Q.Q4_0, **QWEN3)
+    packed, report = loader.load_model_with_report(str(path), format_options={"packed_cache": False})
+    record = report.quantization["layers"]["model.layers.0.mlp.experts.w13"]
+    assert record["paths_from"] == "measured" and record["by_tokens"]["float32"]["1"] == "packed-bf16"
+    assert record["by_tokens"]["float32"]["65-256"] == "dequantize"
+    experts, _, _ = _experts_io(packed)
+    ran: list[str] = []
+    real_run_path = weight_paths.run_path
+    monkeypatch.setattr(weight_paths, "run_path", lambda w, p, x, d=None: ran.append(p) or real_run_path(w, p, x, d))
+    hidden = torch.randn(200, experts.hidden_size, generator=torch.Generator().manual_seed(0))
+    logits = torch.full((200, experts.num_experts), -10.0)
+    logits[:, 0] = 10.0  # every row to expert 0 (and its top-k partners)
+    logits[0, 1] = 20.0  # one row to expert 1 first
+    with torch.no_grad():
+        experts(hidden, logits)
+    assert "dequantize" in ran and "packed-bf16" in ran
+
+
 def test_experts_of_a_type_without_a_kernel_are_dequantized_with_the_reason(moe_gguf):
     path, _ = moe_gguf("qwen3_moe", Q.Q5_0, **QWEN3)
     _, report = loader.load_model_with_report(str(path), format_options={"packed_cache": False})

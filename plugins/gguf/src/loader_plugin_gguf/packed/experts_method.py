@@ -9,8 +9,11 @@ linear layer's parts are: :func:`~.decide.decide` chooses the kernel from the bl
 Q4_1 / Q4_K on ``int4``, Q8_0 as two int4 planes ``int4x2``), :func:`~.linear_packing.packed_weight` packs
 (through the packed-weights bundle, so a later load maps what this one packed) and
 :func:`~.linear_packing.keep_packed` registers ``w13_{e}_packed_*`` / ``w2_{e}_packed_*`` buffers. The
-forward runs only the experts tokens chose (:func:`loader.layers.run_chosen_experts`), each through the
-int4 kernel in the kernel's dtype, the activations cast back as the linear method does.
+forward runs only the experts tokens chose (:func:`loader.layers.run_chosen_experts`), each on the path its
+part's plan gives for the rows routed to it (:func:`loader.kernels.plan_weight_paths`, timed once per part
+shape on the first expert: every expert of a part has one kind and shape) — the int4 kernel in the kernel's
+dtype, or the expert's weight dequantized for the call when many rows reach it — the activations cast back as
+the linear method does.
 
 A part that cannot stay packed — another block type (Q5_x, Q6_K, float types), a tensor-parallel slice that
 cuts a 32-value group, gate and up needing different kernels, a device other than the CPU — makes that
@@ -28,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from loader.errors import UnsupportedError
-from loader.kernels import Int4CpuWeight, Int8GroupedWeight, KernelChoice
+from loader.kernels import Int4CpuWeight, Int8GroupedWeight, KernelChoice, TokenPlan, plan_weight_paths, run_planned
 from loader.layers import ExpertsShape, FusedMoEMethodBase, ParamLayout, run_chosen_experts, set_param_layout
 
 from ..format.tensors import GGUFTensor
@@ -63,6 +66,8 @@ class GGUFExpertsState:
     parts: dict[tuple[str, int], list[NarrowedPart]] = attrs.field(factory=dict)
     choices: dict[str, KernelChoice] = attrs.field(factory=dict)
     packed: dict[str, list[Int4CpuWeight | None]] = attrs.field(factory=dict)
+    plans: dict[str, tuple[TokenPlan, ...]] = attrs.field(factory=dict)
+    """A packed part's path per activation dtype and rows per expert call (every expert of the part alike)."""
 
     def shape(self, part: str) -> tuple[int, int]:
         """One expert's ``(rows, cols)`` of ``part`` on this rank."""
@@ -140,7 +145,12 @@ class GGUFExpertsMethod(FusedMoEMethodBase):
             size += linear_packing.keep_packed(layer, f"{part}_{expert}_", packed)
             weights.append(packed)
         state.packed[part] = weights
-        return KernelChoice(kernel, None, decisions[0].types, size)
+        kernel_dtype = self._kernel_dtype(state)
+        first = linear_packing.kernel_weight(kernel, cast(Int4CpuWeight, weights[0]))
+        plan = plan_weight_paths(first, f"gguf:{kernel}:{dtype_name(kernel_dtype)}", state.params_dtype,
+                                 exact=kernel_dtype == torch.float32)
+        state.plans[part] = (plan,)
+        return KernelChoice(kernel, None, decisions[0].types, size, paths=(plan,))
 
     def _keep_dense(self, layer: nn.Module, state: GGUFExpertsState, part: str, decisions: list[Decision],
                     reason: str, device: torch.device) -> KernelChoice:
@@ -174,7 +184,8 @@ class GGUFExpertsMethod(FusedMoEMethodBase):
         if packed is None:
             weight = cast(torch.Tensor, getattr(layer, f"{part}_weight"))[expert]
             return F.linear(rows.to(weight.dtype), weight).to(rows.dtype)
-        return packed.matmul(rows.to(packed.kernel_dtype)).to(rows.dtype)
+        state = self.layer_state(layer, GGUFExpertsState)
+        return run_planned(packed, state.plans.get(part, ()), rows).to(rows.dtype)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,  # type: ignore[override]
               topk_ids: torch.Tensor) -> torch.Tensor:
