@@ -104,6 +104,37 @@ def test_a_tied_head_multiplies_with_the_embeddings_storage(tiny_gguf, qtype, ke
         assert torch.equal(got.argmax(-1), expected.argmax(-1))
 
 
+@pytest.mark.parametrize(("qtype", "kernel"), [(Q.Q8_0, "int4x2"), (Q.Q4_1, "blocks+int4")],
+                         ids=lambda v: getattr(v, "name", None))
+def test_a_head_on_the_int4_kernel_runs_the_path_its_timings_choose_per_input_size(tiny_gguf, qtype, kernel,
+                                                                                    tmp_path, monkeypatch):
+    """With timings in which the dequantized head wins at large inputs, a 300-token call dequantizes and a
+    1-token call runs the kernel, both within the head's tolerance; the record has the path per bucket."""
+    from loader.kernels import TOKEN_BUCKETS, kernel_timing, weight_paths
+
+    monkeypatch.setenv("LOADER_KERNEL_MEASURE", "1")
+    monkeypatch.setenv("LOADER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(kernel_timing, "_memory", {})
+    fixed_cost = {b: {"packed-bf16": 1e-4 * b, "dequantize": 5e-3, "dense": 1e-5 * b} for b in TOKEN_BUCKETS}
+    monkeypatch.setattr(kernel_timing, "measure_paths", lambda *args, **kwargs: fixed_cost)
+    path, _ = tiny_gguf("qwen2", qtype, **SIZES)
+    loaded, report = loader.load_model_with_report(str(path))
+    record = report.quantization["layers"]["model.embed_tokens"]
+    assert record["kernel"] == kernel and record["paths_from"] == "measured"
+    by_tokens = record["by_tokens"]["float32"]
+    assert by_tokens["1"] == "packed-bf16" and by_tokens["257+"] == "dequantize"
+    ran: list[str] = []
+    real_run_path = weight_paths.run_path
+    monkeypatch.setattr(weight_paths, "run_path", lambda w, p, x, d=None: ran.append(p) or real_run_path(w, p, x, d))
+    table = _reference_table(path)
+    for tokens in (1, 300):
+        hidden = torch.randn(tokens, 256, generator=torch.Generator().manual_seed(tokens))
+        with torch.no_grad():
+            got = loaded.lm_head(hidden)
+        assert relative_error(got, hidden @ table.t()) <= 3e-2
+    assert ran == ["packed-bf16", "dequantize"]
+
+
 def test_a_bfloat16_load_s_q8_0_head_gives_float32_logits_exact_at_the_top(tiny_gguf):
     """bfloat16 activations: the head's top logits are the float32 products of the exact rows with the
     bfloat16 hidden state, not rounded to bfloat16 (8 mantissa bits tie logits of 10-20 with each other)."""

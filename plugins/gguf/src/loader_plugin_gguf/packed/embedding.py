@@ -48,11 +48,16 @@ import torch
 from loader.errors import CheckpointFormatError, UnsupportedError
 from loader.kernels import (
     Int4CpuWeight,
+    Int8GroupedWeight,
     KernelChoice,
     KernelOption,
+    TokenPlan,
     choose_kernel,
     int4_unsupported_reason,
     int8_grouped_unsupported_reason,
+    paths_from_shapes,
+    plan_weight_paths,
+    run_planned,
 )
 from loader.layers import (
     EmbeddingMethodBase,
@@ -95,6 +100,15 @@ __all__ = ["REFINED_LOGITS", "GGUFEmbeddingMethod", "GGUFHeadMethod"]
 
 REFINED_LOGITS = 64
 """Top logits per position a Q8_0 head recomputes exactly when its kernel is narrower than the activations."""
+PLANNED_HEADS = ("int4x2", "blocks+int4")
+"""Head kernels on torch's int4 kernel, planned like linear layers (the packed kernel or the head dequantized
+per call, by token count); the ``int8`` head's per-block calls have no dequantized twin here."""
+
+
+def head_activations(kernel_dtype: torch.dtype) -> torch.dtype:
+    """What a planned head's paths take: float32 over a bfloat16 kernel (``packed-bf16`` is then the kernel on
+    bfloat16-cast activations with float32 results: what the head always computed), else the kernel's dtype."""
+    return torch.float32 if kernel_dtype == torch.bfloat16 else kernel_dtype
 
 
 class GGUFEmbeddingMethod(EmbeddingMethodBase):
@@ -159,7 +173,13 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
             layer.register_parameter("weight", torch.nn.Parameter(dense, requires_grad=False))
             state.choice = choice
         else:
-            state.choice = attrs.evolve(choice, packed_bytes=self._keep(layer, state, window, choice.kernel))
+            size = self._keep(layer, state, window, choice.kernel)
+            if choice.kernel in PLANNED_HEADS:
+                head = self._head_weight(layer, state, choice.kernel)
+                kind = f"gguf:head:{choice.kernel}:{dtype_name(state.kernel_dtype)}"
+                state.plans = (plan_weight_paths(head, kind, head_activations(state.kernel_dtype),
+                                                 exact=state.kernel_dtype == torch.float32),)
+            state.choice = attrs.evolve(choice, packed_bytes=size, paths=state.plans)
         state.part = None
         self.config.layer_log[state.prefix] = state.choice
 
@@ -198,7 +218,11 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
             window = state.part.narrowed
             assert isinstance(window, GGUFTensor)
             choice = self._decide(state, window, current_session().device)
-            return attrs.evolve(choice, packed_bytes=kept_bytes(state, choice.kernel, window))
+            paths: tuple[TokenPlan, ...] = ()
+            if choice.kernel in PLANNED_HEADS:
+                paths = paths_from_shapes(head_activations(state.kernel_dtype), state.kernel_dtype,
+                                          exact=state.kernel_dtype == torch.float32)
+            return attrs.evolve(choice, packed_bytes=kept_bytes(state, choice.kernel, window), paths=paths)
         finally:
             state.part = None
 
@@ -242,18 +266,23 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
             raise RuntimeError(f"{state.prefix}: no output head is tied to this embedding")
         dtype = state.kernel_dtype
         flat = x.reshape(-1, state.cols)
-        if kernel == "int4x2":
-            out = int8_planes(layer, state).matmul(flat.to(dtype))
-        elif kernel == "int8":
+        if kernel == "int8":
             out = int8_head(layer, flat.to(dtype), dtype)
         else:
-            packed = Int4CpuWeight(buffer(layer, "packed_weight"), buffer(layer, "packed_scales_and_zeros"),
-                                   GROUP_SIZE, state.cols)
-            out = packed.matmul(flat.to(dtype)).to(torch.float32)
+            act = flat.to(head_activations(dtype))
+            out = run_planned(self._head_weight(layer, state, kernel), state.plans, act).to(torch.float32)
         if dtype != torch.float32:
             self._refine_top(layer, flat.to(torch.float32), out)
         out = out.view(*x.shape[:-1], state.rows)
         return out if bias is None else out + bias.to(out.dtype)
+
+    @staticmethod
+    def _head_weight(layer: nn.Module, state: GGUFEmbeddingState, kernel: str) -> Int4CpuWeight | Int8GroupedWeight:
+        """A planned head's weight (``kernel`` one of :data:`PLANNED_HEADS`) over the layer's current buffers."""
+        if kernel == "int4x2":
+            return int8_planes(layer, state)
+        return Int4CpuWeight(buffer(layer, "packed_weight"), buffer(layer, "packed_scales_and_zeros"), GROUP_SIZE,
+                             state.cols)
 
     def _refine_top(self, layer: nn.Module, x: torch.Tensor, out: torch.Tensor) -> None:
         """Recompute each position's :data:`REFINED_LOGITS` largest logits exactly, in float32, in place.

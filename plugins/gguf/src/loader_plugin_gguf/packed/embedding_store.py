@@ -16,7 +16,7 @@ import attrs
 import torch
 from gguf.constants import GGMLQuantizationType
 
-from loader.kernels import Int4CpuWeight, Int8GroupedWeight, KernelChoice, pack_int4, pack_int8_grouped
+from loader.kernels import Int4CpuWeight, Int8GroupedWeight, KernelChoice, TokenPlan, pack_int4, pack_int8_grouped
 
 from ..format.dequantize import block_shape, dequantize_into
 from ..format.kernels_kquants import q6_k_codes
@@ -58,6 +58,8 @@ class GGUFEmbeddingState:
     ggml_type: int | None = None
     kernel_dtype: torch.dtype = torch.bfloat16
     choice: KernelChoice | None = None
+    plans: tuple[TokenPlan, ...] = ()
+    """A tied or untied head on an int4 kernel (``int4x2``, ``blocks+int4``): its path per token count."""
 
 
 def kept_bytes(state: GGUFEmbeddingState, kernel: str, window: GGUFTensor) -> int:
