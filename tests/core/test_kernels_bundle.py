@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from loader.kernels import PackedBundle, packing_salt, source_identity
+from loader.kernels import LoadBundle, PackedBundle, packing_salt, source_identity
 
 EXPECTED = {"data": (torch.uint8, (4, 8)), "scales": (torch.bfloat16, (2, 4))}
 
@@ -132,3 +132,41 @@ def test_a_source_s_identity_changes_with_the_file(source):
     time.sleep(0.01)
     source.write_bytes(b"checkpoint bytez")
     assert source_identity([str(source)]) != before
+
+
+def _counting_opener(folder: Path, source: Path, calls: list[int], none_first: int = 0) -> PackedBundle | None:
+    calls.append(1)
+    if len(calls) <= none_first:
+        return None  # e.g. a load on another device: no bundle (yet)
+    return _bundle(folder, source)
+
+
+def test_a_load_bundle_is_made_once_by_the_first_of_many_threads_then_written_and_let_go(tmp_path, source):
+    """``LoadBundle``: the lifecycle every packing method shares (made on first use from any worker thread,
+    written by ``finish`` once the load succeeded, let go so the configs holding it pickle)."""
+    import functools
+    import pickle
+    from concurrent.futures import ThreadPoolExecutor
+
+    calls: list[int] = []
+    load = LoadBundle(functools.partial(_counting_opener, tmp_path / "bundles", source, calls))
+    with ThreadPoolExecutor(8) as pool:
+        opened = list(pool.map(lambda _: load.open(), range(32)))
+    assert len(calls) == 1 and all(bundle is opened[0] and bundle is not None for bundle in opened)
+    assert opened[0] is not None and opened[0].cached("unit", lambda: _unit(1), EXPECTED) is not None
+    load.finish()
+    assert load.bundle is None and load.open() is None  # finished: later layers (a live update) never use it
+    assert load.describe() == opened[0].describe() and load.describe()["written"]
+    assert pickle.loads(pickle.dumps(load)).describe() == load.describe()
+    second = _bundle(tmp_path / "bundles", source)
+    assert torch.equal(second.cached("unit", lambda: _unit(2), EXPECTED)["data"], _unit(1)["data"])
+
+
+def test_a_load_bundle_whose_opener_makes_none_asks_again_and_finishes_nothing(tmp_path, source):
+    import functools
+
+    calls: list[int] = []
+    load = LoadBundle(functools.partial(_counting_opener, tmp_path / "bundles", source, calls, none_first=2))
+    assert load.open() is None and load.open() is None and load.describe() is None
+    load.finish()
+    assert load.open() is not None and len(calls) == 3

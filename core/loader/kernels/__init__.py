@@ -14,7 +14,9 @@
   machine once and cached (:func:`plan_weight_paths`), or the static rule (:func:`static_plan`); the weight
   runs it with :func:`run_planned` / :func:`run_path`.
 - The packed-weights bundle (:class:`PackedBundle`): what a quantize method packed, kept on disk and mapped
-  copy-on-write by the next load of the same files (:func:`source_identity`, :func:`packing_salt` name it).
+  copy-on-write by the next load of the same files (:func:`source_identity`, :func:`packing_salt` name it);
+  :class:`LoadBundle`, one load's use of it (opened by the first layer that asks, written once every layer
+  succeeded, then let go).
 
 Plugins import these names from ``loader.kernels``; its submodules are internal. Names are imported on first
 access (:func:`loader.lazy.lazy_exports`), so naming :class:`KernelChoice` in a light module does not pull in
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
         pack_int8_grouped,
     )
     from .kernel_timing import measure_paths, measured_plan
+    from .load_bundle import LoadBundle
     from .native_packing import NativeRepack, native_repack, native_repack_unavailable_reason
     from .token_plan import (
         DENSE,
@@ -102,6 +105,7 @@ __all__ = [
     "KERNEL_GROUP_SIZES",
     "KernelChoice",
     "KernelOption",
+    "LoadBundle",
     "NativeRepack",
     "PackedBundle",
     "choose_kernel",
@@ -125,6 +129,7 @@ __getattr__, __dir__ = lazy_exports(__name__, globals(), {
     "PackedBundle": ".bundle",
     "packing_salt": ".bundle",
     "source_identity": ".bundle",
+    "LoadBundle": ".load_bundle",
     "KernelChoice": ".choice",
     "KernelOption": ".choice",
     "choose_kernel": ".choice",

@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 
 from loader.errors import UnsupportedError
+from loader.kernels import LoadBundle
 from loader.layers import QuantizationConfig
 
 from .awq_format import awq_config_from_checkpoint
@@ -21,7 +22,7 @@ from .compressed_tensors_config import CompressedTensorsConfig, ct_config_from_c
 from .config import PackedQuantConfig, config_from_checkpoint, exact_float32_option
 from .fp8_config import fbgemm_fp8_config_from_checkpoint, fp8_config_from_checkpoint
 from .modelopt_config import modelopt_config_from_checkpoint
-from .packed_cache import LoadCache, new_load_cache
+from .packed_cache import new_load_cache
 
 __all__ = ["METHODS", "attach_load_cache", "detect_packed", "finish_load_cache"]
 
@@ -65,7 +66,7 @@ def _packed_configs(config: QuantizationConfig) -> list[PackedQuantConfig]:
 
 
 def attach_load_cache(config: QuantizationConfig, files: Sequence[str]) -> None:
-    """Give every packed-integer config of the load one :class:`~.packed_cache.LoadCache` for ``files`` (none
+    """Give every packed-integer config of the load one :class:`~loader.kernels.LoadBundle` for ``files`` (none
     when the bundle is off, or the config packs nothing)."""
     configs = _packed_configs(config)
     load = new_load_cache(files) if configs else None
@@ -75,7 +76,7 @@ def attach_load_cache(config: QuantizationConfig, files: Sequence[str]) -> None:
 
 def finish_load_cache(config: QuantizationConfig) -> None:
     """After every layer of a load succeeded: write the load's bundle when it packed a unit it did not find."""
-    loads: dict[int, LoadCache] = {}
+    loads: dict[int, LoadBundle] = {}
     for packed in _packed_configs(config):
         if packed.packed_cache.load is not None:
             loads[id(packed.packed_cache.load)] = packed.packed_cache.load

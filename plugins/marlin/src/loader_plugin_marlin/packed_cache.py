@@ -24,9 +24,9 @@ Off with ``LOADER_MARLIN_PACKED_CACHE=0``; ``LOADER_MARLIN_CACHE_MAX_BYTES`` bou
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,7 +35,7 @@ import attrs
 import torch
 
 from loader.io import cache_root
-from loader.kernels import PackedBundle, packing_salt
+from loader.kernels import LoadBundle, PackedBundle, packing_salt
 from loader.models import current_session
 
 from .settings import CACHE_MAX_BYTES, PACKED_CACHE
@@ -43,13 +43,10 @@ from .settings import CACHE_MAX_BYTES, PACKED_CACHE
 if TYPE_CHECKING:
     from loader.layers import NarrowedPart
 
-__all__ = ["FORMAT", "MAGIC", "LoadCache", "PackedCacheSlot", "cache_folder", "part_identity", "unit_key"]
+__all__ = ["FORMAT", "MAGIC", "PackedCacheSlot", "cache_folder", "new_load_cache", "part_identity", "unit_key"]
 
 FORMAT = 1
 MAGIC = b"LDRMRPK\x01"
-_LOCK = threading.Lock()
-"""Guards opening a load's bundle (layers are processed on worker threads); module-wide, so the configs that
-hold a :class:`LoadCache` stay picklable."""
 _SALT: dict[str, Any] | None = None
 
 
@@ -67,63 +64,37 @@ def _salt() -> dict[str, Any]:
     return _SALT
 
 
-@attrs.define(eq=False)
-class LoadCache:
-    """One load's use of the bundle: the checkpoint files, and the bundle once a layer asked for it.
-
-    Shared by every config of the load (a compressed-tensors checkpoint's groups each have one).
-    """
-
-    files: tuple[str, ...]
-    bundle: PackedBundle | None = None
-    report: dict[str, Any] | None = None
-    """What :meth:`finish` kept of the bundle for the load report (the bundle itself is let go)."""
-
-    def open(self) -> PackedBundle | None:
-        """The load's bundle (opened on first use, in the load's session: it is per TP rank and size), ``None``
-        once finished or off the CPU."""
-        if self.report is not None or not self.files:
-            return None
-        session = current_session()
-        if session.device.type != "cpu":
-            return None
-        with _LOCK:
-            if self.bundle is None:
-                variant = {"tp_rank": session.tp_rank, "tp_size": session.tp_size}
-                self.bundle = PackedBundle(cache_folder(), self.files, variant, _salt,
-                                           max_bytes=CACHE_MAX_BYTES.read(), magic=MAGIC, kind="packed marlin")
-            return self.bundle
-
-    def finish(self) -> None:
-        """After every layer succeeded: write the bundle when this load packed a unit it did not find."""
-        bundle = self.bundle
-        if bundle is not None:
-            bundle.finish()
-            self.report, self.bundle = bundle.describe(), None
+def _open_bundle(files: tuple[str, ...]) -> PackedBundle | None:
+    """The bundle of a load of ``files`` in the load's session (per TP rank and size); ``None`` off the CPU."""
+    session = current_session()
+    if session.device.type != "cpu":
+        return None
+    variant = {"tp_rank": session.tp_rank, "tp_size": session.tp_size}
+    return PackedBundle(cache_folder(), files, variant, _salt, max_bytes=CACHE_MAX_BYTES.read(), magic=MAGIC,
+                        kind="packed marlin")
 
 
 @attrs.define(eq=False)
 class PackedCacheSlot:
-    """Where a config finds its load's :class:`LoadCache` (``None``: the bundle is not used)."""
+    """Where a config finds its load's :class:`~loader.kernels.LoadBundle` (``None``: the bundle is not used);
+    every config of a load shares one (a compressed-tensors checkpoint's groups each have a config)."""
 
-    load: LoadCache | None = None
+    load: LoadBundle | None = None
 
     def open(self) -> PackedBundle | None:
         return None if self.load is None else self.load.open()
 
     def describe(self) -> dict[str, Any] | None:
-        if self.load is None:
-            return None
-        return self.load.bundle.describe() if self.load.bundle is not None else self.load.report
+        return None if self.load is None else self.load.describe()
 
 
-def new_load_cache(files: Sequence[str]) -> LoadCache | None:
+def new_load_cache(files: Sequence[str]) -> LoadBundle | None:
     """The bundle of a load of ``files``, ``None`` when ``LOADER_MARLIN_PACKED_CACHE`` turns it off (a bad
     value of it or of ``LOADER_MARLIN_CACHE_MAX_BYTES`` is refused here, before anything is loaded)."""
     if not PACKED_CACHE.read() or not files:
         return None
     CACHE_MAX_BYTES.read()
-    return LoadCache(tuple(files))
+    return LoadBundle(functools.partial(_open_bundle, tuple(files)))
 
 
 def part_identity(part: NarrowedPart, files: frozenset[str]) -> list[object] | None:

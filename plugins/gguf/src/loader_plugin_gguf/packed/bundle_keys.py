@@ -31,6 +31,7 @@ import torch
 
 from loader.io import cache_root
 from loader.kernels import PackedBundle, packing_salt
+from loader.models import current_session
 
 from ..settings import CACHE_MAX_BYTES, PACKED_CACHE
 from .options import yes_no_option
@@ -40,8 +41,8 @@ if TYPE_CHECKING:
     from loader.checkpoint import LoadOptions
     from loader.weights import CheckpointTensor
 
-__all__ = ["DEFAULT_MAX_BYTES", "FORMAT", "MAGIC", "cache_folder", "cache_requested", "open_bundle", "packing_code",
-           "unit_key"]
+__all__ = ["DEFAULT_MAX_BYTES", "FORMAT", "MAGIC", "cache_folder", "cache_requested", "open_bundle", "open_load_bundle",
+           "packing_code", "unit_key"]
 
 FORMAT = 1
 MAGIC = b"LDRGGPK\x01"
@@ -98,6 +99,14 @@ def open_bundle(files: Sequence[str], variant: Mapping[str, Any]) -> PackedBundl
     """The bundle of a load of ``files`` with ``variant``: opened (and its file read) on the first lookup."""
     return PackedBundle(cache_folder(), files, variant, _salt, max_bytes=_max_bytes(), magic=MAGIC,
                         kind="packed GGUF")
+
+
+def open_load_bundle(files: tuple[str, ...], kernel_dtype: str | None, dense_dtype: str | None) -> PackedBundle:
+    """A load's bundle, made in its session (:class:`loader.kernels.LoadBundle`'s opener): the variant is the
+    tensor parallel rank and size and the load's kernel and dense dtypes."""
+    session = current_session()
+    return open_bundle(files, {"tp_rank": session.tp_rank, "tp_size": session.tp_size,
+                               "kernel_dtype": kernel_dtype, "dense_dtype": dense_dtype})
 
 
 def unit_key(kind: str, dtype: torch.dtype, tensors: Sequence[CheckpointTensor], files: Sequence[str],

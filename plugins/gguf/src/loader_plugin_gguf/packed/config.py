@@ -2,13 +2,13 @@
 what every layer chose (the load report's ``quantization``).
 
 It also holds what the load's layers share: the files' header tensors (a plan maps them to layers as a load
-does) and the load's packed-weights bundle (:class:`loader.kernels.PackedBundle`, made on first use and let go
-once it is written).
+does) and the load's packed-weights bundle (:class:`loader.kernels.LoadBundle`: made on first use, let go once
+it is written).
 """
 
 from __future__ import annotations
 
-import threading
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,14 +16,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
-from loader.kernels import KernelChoice, PackedBundle, native_repack, native_repack_unavailable_reason
+from loader.kernels import KernelChoice, LoadBundle, native_repack, native_repack_unavailable_reason
 from loader.layers import FusedMoE, LinearBase, ParallelLMHead, QuantizationConfig, VocabParallelEmbedding
-from loader.models import current_session
 from loader.weights import CheckpointTensor, ReadStats
 
 from ..format.header import read_header
 from ..format.weight_stream import iter_gguf_weights
-from .bundle_keys import cache_requested, open_bundle
+from .bundle_keys import cache_requested, open_load_bundle
 from .embedding import GGUFEmbeddingMethod, GGUFHeadMethod
 from .embedding_store import HEAD_KERNEL_TYPES
 from .experts_method import GGUFExpertsMethod
@@ -37,11 +36,6 @@ if TYPE_CHECKING:
     from loader.layers import QuantizeMethodBase
 
 __all__ = ["GGUFQuantConfig", "config_for_load", "finish_load"]
-
-_PACKED_CACHE_LOCK = threading.Lock()
-"""Guards making a config's :class:`~loader.kernels.PackedBundle` (layers ask from worker threads);
-module-wide, so the config itself holds no lock."""
-
 
 @attrs.define
 class GGUFQuantConfig(QuantizationConfig):
@@ -60,43 +54,18 @@ class GGUFQuantConfig(QuantizationConfig):
     layer_log: dict[str, KernelChoice] = attrs.field(factory=dict, eq=False)
     files: tuple[str, ...] = attrs.field(default=(), eq=False)
     """The load's GGUF files, whose headers ``layer_plan`` plans from (empty: layers are decided at load)."""
-    use_packed_cache: bool = attrs.field(default=False, eq=False)
-    """Whether packed layers are looked up in (and written to) the on-disk bundle for :attr:`files`
-    (:mod:`~.bundle_keys`)."""
+    bundle: LoadBundle | None = attrs.field(default=None, eq=False, repr=False)
+    """The load's packed-weights bundle for :attr:`files` (``None``: packed layers are not looked up or kept on
+    disk; :mod:`~.bundle_keys`)."""
     _header_tensors: dict[str, CheckpointTensor] | None = attrs.field(default=None, init=False, eq=False,
                                                                       repr=False)
-    _packed_cache: PackedBundle | None = attrs.field(default=None, init=False, eq=False, repr=False)
-    """During the load only: :meth:`finish_packed_cache` keeps its report and lets it go (it holds a lock and the
-    bundle's map, and ``torch.save(model)`` pickles this config with every layer's method)."""
-    _packed_cache_report: dict[str, Any] | None = attrs.field(default=None, init=False, eq=False, repr=False)
-
-    def packed_cache(self) -> PackedBundle | None:
-        """This load's :class:`~loader.kernels.PackedBundle` (made on first use, in the load's
-        session: the bundle is per tensor parallel rank and size), ``None`` when it is off or the files unknown."""
-        if not self.use_packed_cache or not self.files or self._packed_cache_report is not None:
-            return None
-        with _PACKED_CACHE_LOCK:
-            if self._packed_cache is None:
-                session = current_session()
-                variant = {"tp_rank": session.tp_rank, "tp_size": session.tp_size,
-                           "kernel_dtype": None if self.kernel_dtype is None else dtype_name(self.kernel_dtype),
-                           "dense_dtype": None if self.dense_dtype is None else dtype_name(self.dense_dtype)}
-                self._packed_cache = open_bundle(self.files, variant)
-            return self._packed_cache
-
-    def finish_packed_cache(self) -> None:
-        """After every layer is processed: write the bundle when this load packed a unit it did not find."""
-        cache = self._packed_cache
-        if cache is not None:
-            cache.finish()
-            self._packed_cache_report, self._packed_cache = cache.describe(), None
 
     def cached_unit(self, key: str | None, build: Callable[[], dict[str, torch.Tensor] | None],
                     expected: dict[str, tuple[torch.dtype, tuple[int, ...]]]) -> dict[str, torch.Tensor] | None:
         """The unit ``key`` from the bundle, else ``build()``'s tensors, stored for the bundle (``build`` returns
         ``None`` for a result the bundle cannot hold; ``key`` ``None``: never cached). A stored unit whose
         tensors are not ``expected`` (name -> dtype, shape) is packed again."""
-        cache = self.packed_cache() if key is not None else None
+        cache = self.bundle.open() if key is not None and self.bundle is not None else None
         if cache is None or key is None:
             return build()
         return cache.cached(key, build, expected)
@@ -122,8 +91,7 @@ class GGUFQuantConfig(QuantizationConfig):
             "packed_bytes": sum(choice.packed_bytes for choice in self.layer_log.values()),
             "packing": _packing(counts),
             "layers": {prefix: choice.record() for prefix, choice in sorted(self.layer_log.items())},
-            "packed_cache": (self._packed_cache.describe() if self._packed_cache is not None
-                             else self._packed_cache_report),
+            "packed_cache": None if self.bundle is None else self.bundle.describe(),
         }
 
     def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
@@ -166,14 +134,18 @@ def config_for_load(requested: str | None, options: LoadOptions, files: tuple[st
         return None
     # dtype auto: what cannot stay packed is dequantized to the kernel's dtype, not float32
     dense_dtype = kernel_dtype if options.dtype_auto else None
+    bundle = None
+    if use_cache and files:
+        bundle = LoadBundle(functools.partial(open_load_bundle, files, dtype_name(kernel_dtype),
+                                              None if dense_dtype is None else dtype_name(dense_dtype)))
     return GGUFQuantConfig(kernel_dtype=kernel_dtype, dense_dtype=dense_dtype, files=files,
-                           head_type=_output_head_type(files), use_packed_cache=use_cache)
+                           head_type=_output_head_type(files), bundle=bundle)
 
 
 def finish_load(quant_config: QuantizationConfig) -> None:
     """After every layer of a load succeeded: write the packed-weights bundle of a packed GGUF load."""
-    if isinstance(quant_config, GGUFQuantConfig):
-        quant_config.finish_packed_cache()
+    if isinstance(quant_config, GGUFQuantConfig) and quant_config.bundle is not None:
+        quant_config.bundle.finish()
 
 
 def _output_head_type(files: tuple[str, ...]) -> int | None:
