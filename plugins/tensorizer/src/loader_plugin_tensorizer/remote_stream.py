@@ -100,7 +100,7 @@ class RemoteStream:
 
     def _skip(self, nbytes: int) -> None:
         while nbytes > 0:
-            if self._scratch is None:
+            if self._scratch is None or len(self._scratch) < min(nbytes, SKIP_CHUNK_BYTES):
                 self._scratch = bytearray(min(SKIP_CHUNK_BYTES, max(nbytes, 1 << 16)))
             piece = memoryview(self._scratch)[:min(nbytes, len(self._scratch))]
             self._fill(piece)

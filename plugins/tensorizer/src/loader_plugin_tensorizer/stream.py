@@ -15,7 +15,7 @@ name before any tensor is read. Then:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from loader.checkpoint import SAFETENSORS_DTYPES
 from loader.errors import CheckpointFormatError
@@ -33,19 +33,19 @@ from .remote_stream import RemoteStream
 __all__ = ["iter_tensorized", "open_index"]
 
 
-def _size(remote: RemoteFile | RemoteStream) -> int:
+def _size(uri: str, size: Callable[[], int]) -> int:
+    """``size()`` of the remote file ``uri``, a missing file named."""
     try:
-        return remote.size() if isinstance(remote, RemoteFile) else remote.size
+        return size()
     except FileNotFoundError as exc:
-        raise CheckpointFormatError(f"{remote.remote.uri if isinstance(remote, RemoteStream) else remote.uri}: "
-                                    "no such file") from exc
+        raise CheckpointFormatError(f"{uri}: no such file") from exc
 
 
 def open_index(file: str, options: TensorizerOptions) -> TensorizedIndex:
     """The index of a local or remote ``.tensors`` file (a remote one by ranged reads of its head)."""
     if is_remote(file):
         remote = RemoteFile(file, options)
-        return read_index(remote.read, file, _size(remote))
+        return read_index(remote.read, file, _size(file, remote.size))
     try:
         fd = os.open(file, os.O_RDONLY)
     except FileNotFoundError as exc:
@@ -86,7 +86,7 @@ def _open(file: str, options: TensorizerOptions, headers_only: bool) -> tuple[Te
         return index, LocalFile(file) if plain else None
     stream = RemoteStream(file, options)
     try:
-        index = read_index(stream.read, file, _size(stream))
+        index = read_index(stream.read, file, _size(file, lambda: stream.size))
     except BaseException:
         stream.close()
         raise
