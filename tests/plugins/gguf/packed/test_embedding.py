@@ -104,9 +104,9 @@ def test_a_tied_head_multiplies_with_the_embeddings_storage(tiny_gguf, qtype, ke
         assert torch.equal(got.argmax(-1), expected.argmax(-1))
 
 
-@pytest.mark.parametrize(("qtype", "kernel"), [(Q.Q8_0, "int4x2"), (Q.Q4_1, "blocks+int4")],
+@pytest.mark.parametrize(("qtype", "kernel"), [(Q.Q8_0, "int4x2"), (Q.Q6_K, "int8"), (Q.Q4_1, "blocks+int4")],
                          ids=lambda v: getattr(v, "name", None))
-def test_a_head_on_the_int4_kernel_runs_the_path_its_timings_choose_per_input_size(tiny_gguf, qtype, kernel,
+def test_a_head_runs_the_path_its_timings_choose_per_input_size(tiny_gguf, qtype, kernel,
                                                                                     tmp_path, monkeypatch):
     """With timings in which the dequantized head wins at large inputs, a 300-token call dequantizes and a
     1-token call runs the kernel, both within the head's tolerance; the record has the path per bucket."""
@@ -240,3 +240,20 @@ def test_a_tied_embedding_is_planned_from_the_header_as_the_load_keeps_it(tiny_g
     assert planned == report.quantization["layers"]["model.embed_tokens"]
     held = sum(b.numel() * b.element_size() for name, b in model.named_buffers() if name.startswith("model.embed"))
     assert planned["packed_bytes"] == held
+
+
+def test_the_int8_head_weight_dequantizes_exactly_what_its_kernel_multiplies():
+    """``Int8HeadWeight`` (the ``int8`` head as a kernel path weight): its dequantized twin is the codes times
+    their block scales, laid out as the head's rows; a slice of rows is those rows."""
+    from loader.kernels import run_path
+    from loader_plugin_gguf.packed.int8_head import Int8HeadWeight
+
+    generator = torch.Generator().manual_seed(0)
+    codes = torch.randint(-128, 128, (4, 128, 32), dtype=torch.int8, generator=generator)
+    weight = Int8HeadWeight(codes, torch.rand(4, 128, generator=generator))
+    assert (weight.in_features, weight.out_features, weight.kernel_dtype) == (128, 128, torch.float32)
+    x = torch.randn(3, 128, generator=generator)
+    dense = weight.dequantize()
+    torch.testing.assert_close(weight.matmul(x), x @ dense.t(), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(run_path(weight, "dequantize", x), x @ dense.t(), rtol=1e-5, atol=1e-4)
+    assert torch.equal(weight.rows(64, 128).dequantize(), dense[64:])

@@ -85,6 +85,7 @@ from .embedding_store import (
     int8_planes,
     kept_bytes,
 )
+from .int8_head import Int8HeadWeight
 from .options import FALLBACK, METHOD_NAME, dtype_name, kernel_dtype_for
 from .plan import fill_from_header
 from .q4_blocks import GROUP_SIZE, PACKED_TYPES
@@ -100,15 +101,17 @@ __all__ = ["REFINED_LOGITS", "GGUFEmbeddingMethod", "GGUFHeadMethod"]
 
 REFINED_LOGITS = 64
 """Top logits per position a Q8_0 head recomputes exactly when its kernel is narrower than the activations."""
-PLANNED_HEADS = ("int4x2", "blocks+int4")
-"""Head kernels on torch's int4 kernel, planned like linear layers (the packed kernel or the head dequantized
-per call, by token count); the ``int8`` head's per-block calls have no dequantized twin here."""
+HEAD_KERNELS = ("int8", "int4x2", "blocks+int4")
+"""The head's kernels; each is planned like a linear layer (the kernel, or the head dequantized per call, by
+token count) when the kernel computes in bfloat16 or float32."""
 
 
-def head_activations(kernel_dtype: torch.dtype) -> torch.dtype:
-    """What a planned head's paths take: float32 over a bfloat16 kernel (``packed-bf16`` is then the kernel on
-    bfloat16-cast activations with float32 results: what the head always computed), else the kernel's dtype."""
-    return torch.float32 if kernel_dtype == torch.bfloat16 else kernel_dtype
+def planned_head(kernel: str, kernel_dtype: torch.dtype) -> bool:
+    """Whether a head on ``kernel`` is planned: over a bfloat16 kernel its paths take float32 activations
+    (``packed-bf16`` is then the kernel on bfloat16-cast activations with float32 results: what the head always
+    computed), over a float32 one only exact paths; a float16 kernel keeps its own call (a ``packed`` path would
+    round its float32 results to float16)."""
+    return kernel in HEAD_KERNELS and kernel_dtype in (torch.bfloat16, torch.float32)
 
 
 class GGUFEmbeddingMethod(EmbeddingMethodBase):
@@ -174,10 +177,10 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
             state.choice = choice
         else:
             size = self._keep(layer, state, window, choice.kernel)
-            if choice.kernel in PLANNED_HEADS:
+            if state.tied and planned_head(choice.kernel, state.kernel_dtype):
                 head = self._head_weight(layer, state, choice.kernel)
                 kind = f"gguf:head:{choice.kernel}:{dtype_name(state.kernel_dtype)}"
-                state.plans = (plan_weight_paths(head, kind, head_activations(state.kernel_dtype),
+                state.plans = (plan_weight_paths(head, kind, torch.float32,
                                                  exact=state.kernel_dtype == torch.float32),)
             state.choice = attrs.evolve(choice, packed_bytes=size, paths=state.plans)
         state.part = None
@@ -219,9 +222,8 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
             assert isinstance(window, GGUFTensor)
             choice = self._decide(state, window, current_session().device)
             paths: tuple[TokenPlan, ...] = ()
-            if choice.kernel in PLANNED_HEADS:
-                paths = paths_from_shapes(head_activations(state.kernel_dtype), state.kernel_dtype,
-                                          exact=state.kernel_dtype == torch.float32)
+            if state.tied and planned_head(choice.kernel, state.kernel_dtype):
+                paths = paths_from_shapes(torch.float32, state.kernel_dtype, exact=state.kernel_dtype == torch.float32)
             return attrs.evolve(choice, packed_bytes=kept_bytes(state, choice.kernel, window), paths=paths)
         finally:
             state.part = None
@@ -262,23 +264,26 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         kernel = cast(KernelChoice, state.choice).kernel
         if kernel == FALLBACK:
             return torch.nn.functional.linear(x, buffer(layer, "weight"), bias)
-        if kernel not in ("int8", "int4x2", "blocks+int4"):
+        if kernel not in HEAD_KERNELS:
             raise RuntimeError(f"{state.prefix}: no output head is tied to this embedding")
         dtype = state.kernel_dtype
         flat = x.reshape(-1, state.cols)
-        if kernel == "int8":
-            out = int8_head(layer, flat.to(dtype), dtype)
-        else:
-            act = flat.to(head_activations(dtype))
-            out = run_planned(self._head_weight(layer, state, kernel), state.plans, act).to(torch.float32)
+        weight = self._head_weight(layer, state, kernel)
+        if state.plans:
+            out = run_planned(weight, state.plans, flat.to(torch.float32)).to(torch.float32)
+        else:  # a float16 kernel: its own call (float32 results for int8 and int4x2, as always)
+            out = weight.matmul(flat.to(dtype)).to(torch.float32)
         if dtype != torch.float32:
             self._refine_top(layer, flat.to(torch.float32), out)
         out = out.view(*x.shape[:-1], state.rows)
         return out if bias is None else out + bias.to(out.dtype)
 
     @staticmethod
-    def _head_weight(layer: nn.Module, state: GGUFEmbeddingState, kernel: str) -> Int4CpuWeight | Int8GroupedWeight:
-        """A planned head's weight (``kernel`` one of :data:`PLANNED_HEADS`) over the layer's current buffers."""
+    def _head_weight(layer: nn.Module, state: GGUFEmbeddingState,
+                     kernel: str) -> Int4CpuWeight | Int8GroupedWeight | Int8HeadWeight:
+        """The head's weight (``kernel`` one of :data:`HEAD_KERNELS`) over the layer's current buffers."""
+        if kernel == "int8":
+            return int8_head(layer, state)
         if kernel == "int4x2":
             return int8_planes(layer, state)
         return Int4CpuWeight(buffer(layer, "packed_weight"), buffer(layer, "packed_scales_and_zeros"), GROUP_SIZE,

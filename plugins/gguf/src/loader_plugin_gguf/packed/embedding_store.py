@@ -22,6 +22,7 @@ from ..format.dequantize import block_shape, dequantize_into
 from ..format.kernels_kquants import q6_k_codes
 from ..format.kernels_legacy import half_at
 from ..format.tensors import GGUFTensor
+from .int8_head import Int8HeadWeight
 from .plan import int4_packed_bytes
 from .q4_blocks import GROUP_SIZE, PACKED_TYPES, affine_rows, int8_rows
 from .q4_k_packing import pack_q4_k_parts
@@ -110,21 +111,12 @@ def exact_rows(layer: nn.Module, state: GGUFEmbeddingState, ids: torch.Tensor) -
     return rows.view(*ids.shape, state.cols)
 
 
-def int8_head(layer: nn.Module, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``sum_g (x_g @ codes_g.T) * d_g``: one int8 matmul per 32-column block, its ``d`` as the row scale."""
-    codes = buffer(layer, "q8_codes")
-    # the head's scales in the kernel's dtype, cast once at load rather than on every token
+def int8_head(layer: nn.Module, state: GGUFEmbeddingState) -> Int8HeadWeight:
+    """The ``int8`` head's weight over this layer's buffers: the codes, and the scales in the kernel's dtype (a
+    tied head's copy made at load, not cast on every token)."""
     head_scales = getattr(layer, "q8_head_scales", None)
     scales = head_scales if isinstance(head_scales, torch.Tensor) else buffer(layer, "q8_scales")
-    if scales.dtype != dtype:
-        scales = scales.to(dtype)
-    groups, block = codes.shape[0], codes.shape[2]
-    # one copy gives every block's activations as a contiguous [m, 32] matrix (not one copy per block)
-    parts = x.reshape(x.shape[0], groups, block).transpose(0, 1).contiguous()
-    out = torch.ops.aten._weight_int8pack_mm(parts[0], codes[0], scales[0]).to(torch.float32)
-    for g in range(1, groups):
-        out += torch.ops.aten._weight_int8pack_mm(parts[g], codes[g], scales[g])
-    return out
+    return Int8HeadWeight(buffer(layer, "q8_codes"), scales.to(state.kernel_dtype))
 
 
 def _int8_buffers(state: GGUFEmbeddingState, window: GGUFTensor) -> dict[str, torch.Tensor]:
