@@ -48,8 +48,15 @@ def azurite_blob() -> Path | None:
     if npm is None or shutil.which("node") is None:
         return None
     _cache().mkdir(parents=True, exist_ok=True)
-    subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(_cache()), f"azurite@{AZURITE_VERSION}"],
-                   check=True, capture_output=True, timeout=600)
+    env = dict(os.environ)
+    if "NODE_EXTRA_CA_CERTS" not in env and SYSTEM_BUNDLE.is_file():
+        # tox passes only a few variables: without the system's CA bundle, npm behind a TLS-inspecting proxy
+        # cannot reach its registry (node trusts its own built-in roots only)
+        env["NODE_EXTRA_CA_CERTS"] = str(SYSTEM_BUNDLE)
+    done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(_cache()),
+                           f"azurite@{AZURITE_VERSION}"], capture_output=True, text=True, timeout=600, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"npm install azurite@{AZURITE_VERSION} failed ({done.returncode}):\n{done.stderr[-2000:]}")
     return program
 
 
