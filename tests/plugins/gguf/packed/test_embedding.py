@@ -154,7 +154,9 @@ def test_an_int8_head_with_the_float32_kernel_is_float32_accurate_everywhere(tin
     """Every logit, not only the top: float32 products of the exact codes and scales, summed per block (the
     order of those sums is all that differs from one float32 matmul)."""
     path, _ = tiny_gguf("qwen2", qtype, **SIZES)
-    loaded = loader.load_model(str(path), format_options={"kernel_dtype": "float32"})
+    loaded, report = loader.load_model_with_report(str(path), format_options={"kernel_dtype": "float32"})
+    record = report.quantization["layers"]["model.embed_tokens"]
+    assert record["kernel"] == "int8" and "by_tokens" not in record  # its own exact call, never planned away
     hidden = torch.randn(2, 5, 256, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         got = loaded.lm_head(hidden)

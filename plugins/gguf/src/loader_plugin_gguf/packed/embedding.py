@@ -103,15 +103,18 @@ REFINED_LOGITS = 64
 """Top logits per position a Q8_0 head recomputes exactly when its kernel is narrower than the activations."""
 HEAD_KERNELS = ("int8", "int4x2", "blocks+int4")
 """The head's kernels; each is planned like a linear layer (the kernel, or the head dequantized per call, by
-token count) when the kernel computes in bfloat16 or float32."""
+token count) where :func:`planned_head` says."""
 
 
 def planned_head(kernel: str, kernel_dtype: torch.dtype) -> bool:
     """Whether a head on ``kernel`` is planned: over a bfloat16 kernel its paths take float32 activations
     (``packed-bf16`` is then the kernel on bfloat16-cast activations with float32 results: what the head always
-    computed), over a float32 one only exact paths; a float16 kernel keeps its own call (a ``packed`` path would
-    round its float32 results to float16)."""
-    return kernel in HEAD_KERNELS and kernel_dtype in (torch.bfloat16, torch.float32)
+    computed); an int4 head over a float32 kernel gets the exact paths, as the linears do (torch's float32 int4
+    kernel is the slow one). The ``int8`` head's float32 kernel is exact arithmetic already and keeps its call
+    (the paths offer no float32 kernel), as does any float16 kernel (a ``packed`` path would round its float32
+    results to float16)."""
+    return kernel in HEAD_KERNELS and (kernel_dtype == torch.bfloat16
+                                       or (kernel_dtype == torch.float32 and kernel != "int8"))
 
 
 class GGUFEmbeddingMethod(EmbeddingMethodBase):
@@ -271,7 +274,7 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         weight = self._head_weight(layer, state, kernel)
         if state.plans:
             out = run_planned(weight, state.plans, flat.to(torch.float32)).to(torch.float32)
-        else:  # a float16 kernel: its own call (float32 results for int8 and int4x2, as always)
+        else:  # the kernel's own call (float32 results for int8 and int4x2, as always)
             out = weight.matmul(flat.to(dtype)).to(torch.float32)
         if dtype != torch.float32:
             self._refine_top(layer, flat.to(torch.float32), out)
