@@ -56,7 +56,6 @@ from loader.kernels import (
     int4_unsupported_reason,
     int8_grouped_unsupported_reason,
     paths_from_shapes,
-    plan_weight_paths,
     run_planned,
 )
 from loader.layers import (
@@ -86,6 +85,7 @@ from .embedding_store import (
     kept_bytes,
 )
 from .int8_head import Int8HeadWeight
+from .linear_packing import plan_paths
 from .options import FALLBACK, METHOD_NAME, dtype_name, kernel_dtype_for
 from .plan import fill_from_header
 from .q4_blocks import GROUP_SIZE, PACKED_TYPES
@@ -182,9 +182,7 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
             size = self._keep(layer, state, window, choice.kernel)
             if state.tied and planned_head(choice.kernel, state.kernel_dtype):
                 head = self._head_weight(layer, state, choice.kernel)
-                kind = f"gguf:head:{choice.kernel}:{dtype_name(state.kernel_dtype)}"
-                state.plans = (plan_weight_paths(head, kind, torch.float32,
-                                                 exact=state.kernel_dtype == torch.float32),)
+                state.plans = (plan_paths(head, f"head:{choice.kernel}", state.kernel_dtype, torch.float32),)
             state.choice = attrs.evolve(choice, packed_bytes=size, paths=state.plans)
         state.part = None
         self.config.layer_log[state.prefix] = state.choice

@@ -60,7 +60,7 @@ class GGUFEmbeddingState:
     kernel_dtype: torch.dtype = torch.bfloat16
     choice: KernelChoice | None = None
     plans: tuple[TokenPlan, ...] = ()
-    """A tied or untied head on an int4 kernel (``int4x2``, ``blocks+int4``): its path per token count."""
+    """A planned head's path per token count (see :func:`~.embedding.planned_head`); empty otherwise."""
 
 
 def kept_bytes(state: GGUFEmbeddingState, kernel: str, window: GGUFTensor) -> int:

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from loader.errors import UnsupportedError
-from loader.kernels import Int4CpuWeight, Int8GroupedWeight, KernelChoice, TokenPlan, plan_weight_paths, run_planned
+from loader.kernels import Int4CpuWeight, Int8GroupedWeight, KernelChoice, TokenPlan, run_planned
 from loader.layers import ExpertsShape, FusedMoEMethodBase, ParamLayout, run_chosen_experts, set_param_layout
 
 from ..format.tensors import GGUFTensor
@@ -145,10 +145,8 @@ class GGUFExpertsMethod(FusedMoEMethodBase):
             size += linear_packing.keep_packed(layer, f"{part}_{expert}_", packed)
             weights.append(packed)
         state.packed[part] = weights
-        kernel_dtype = self._kernel_dtype(state)
         first = linear_packing.kernel_weight(kernel, cast(Int4CpuWeight, weights[0]))
-        plan = plan_weight_paths(first, f"gguf:{kernel}:{dtype_name(kernel_dtype)}", state.params_dtype,
-                                 exact=kernel_dtype == torch.float32)
+        plan = linear_packing.plan_paths(first, kernel, self._kernel_dtype(state), state.params_dtype)
         state.plans[part] = (plan,)
         return KernelChoice(kernel, None, decisions[0].types, size, paths=(plan,))
 

@@ -79,7 +79,6 @@ from loader.kernels import (
     KernelChoice,
     TokenPlan,
     paths_from_shapes,
-    plan_weight_paths,
     run_planned,
 )
 from loader.layers import LinearBase, LinearMethodBase, LinearShape, ParamLayout, RowParallelLinear, set_param_layout
@@ -181,11 +180,8 @@ class GGUFLinearMethod(LinearMethodBase):
         """The path per token count for the load's activations (timed once per layer kind on this machine):
         the packed kernel (on bfloat16-cast activations for a float32 load) or the weight dequantized per call;
         ``kernel_dtype="float32"`` keeps only float32 arithmetic."""
-        kernel_dtype = self._kernel_dtype(state)
         weight = linear_packing.kernel_weight(kernel, packed)
-        plan = plan_weight_paths(weight, f"gguf:{kernel}:{dtype_name(kernel_dtype)}", state.params_dtype,
-                                 exact=kernel_dtype == torch.float32)
-        return (plan,)
+        return (linear_packing.plan_paths(weight, kernel, self._kernel_dtype(state), state.params_dtype),)
 
     def layer_plan(self, layer: nn.Module) -> KernelChoice | None:
         """What :meth:`process_weights_after_loading` will record for this layer, from the GGUF header alone.

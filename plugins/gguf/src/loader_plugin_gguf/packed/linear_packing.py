@@ -12,11 +12,20 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from loader.kernels import Int4CpuWeight, Int8GroupedWeight, pack_int4, pack_int8_grouped
+from loader.kernels import (
+    Int4CpuWeight,
+    Int8GroupedWeight,
+    PathWeight,
+    TokenPlan,
+    pack_int4,
+    pack_int8_grouped,
+    plan_weight_paths,
+)
 from loader.weights import CheckpointTensor
 
 from .bundle_keys import unit_key
 from .half_split import pack_int4_half_split_parts
+from .options import dtype_name
 from .plan import int4_packed_bytes
 from .q4_blocks import GROUP_SIZE, HALF_SPLIT_TYPES, affine_rows, half_split_rows, int8_rows
 from .q4_k_packing import pack_q4_k_parts
@@ -27,7 +36,7 @@ if TYPE_CHECKING:
     from .config import GGUFQuantConfig
 
 __all__ = ["current_packed", "dense_weight", "keep_packed", "kernel_weight", "pack_int4_parts", "pack_int8_parts",
-           "packed_bytes", "packed_weight"]
+           "packed_bytes", "packed_weight", "plan_paths"]
 
 _HALF_SPLIT_NAMES = tuple(t.name for t in HALF_SPLIT_TYPES)
 
@@ -133,3 +142,11 @@ def packed_buffers(layer: nn.Module, prefix: str = "") -> tuple[torch.Tensor, to
     buffers = layer._buffers
     return (cast(torch.Tensor, buffers[f"{prefix}packed_weight"]),
             cast(torch.Tensor, buffers[f"{prefix}packed_scales_and_zeros"]))
+
+
+def plan_paths(weight: PathWeight, kind: str, kernel_dtype: torch.dtype, activations: torch.dtype) -> TokenPlan:
+    """A packed weight's path per token count for ``activations`` (timed once per ``kind`` and shape on this
+    machine): the kernel or its dequantized twin; a float32 kernel (``kernel_dtype="float32"``) keeps only
+    float32 arithmetic. Linear layers, their segments, experts and heads all plan here."""
+    return plan_weight_paths(weight, f"gguf:{kind}:{dtype_name(kernel_dtype)}", activations,
+                             exact=kernel_dtype == torch.float32)

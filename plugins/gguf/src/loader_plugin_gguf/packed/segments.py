@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, cast
 import attrs
 import torch
 
-from loader.kernels import Int4CpuWeight, Int8GroupedWeight, KernelChoice, TokenPlan, plan_weight_paths, run_planned
+from loader.kernels import Int4CpuWeight, Int8GroupedWeight, KernelChoice, TokenPlan, run_planned
 
 from .decide import Decision, PlannedSegment, dense_dtype
-from .linear_packing import dense_weight, keep_packed, kernel_weight, packed_buffers, packed_weight
+from .linear_packing import dense_weight, keep_packed, kernel_weight, packed_buffers, packed_weight, plan_paths
 from .linear_state import GGUFLayerState, LayerSegment
 from .options import FALLBACK, dtype_name
 from .q4_blocks import GROUP_SIZE
@@ -48,10 +48,8 @@ def keep_segments(layer: nn.Module, state: GGUFLayerState, decision: Decision, c
             continue
         packed_total += keep_packed(layer, f"{name}_", packed_weight(config, segment.kernel, segment.tensors,
                                                                      kernel_dtype))
-    exact = kernel_dtype == torch.float32
     state.segments = [segment if isinstance(segment.weight, torch.Tensor) else attrs.evolve(
-        segment, plans=(plan_weight_paths(segment.weight, f"gguf:{segment.kernel}:{dtype_name(kernel_dtype)}",
-                                          state.params_dtype, exact=exact),))
+        segment, plans=(plan_paths(segment.weight, segment.kernel, kernel_dtype, state.params_dtype),))
         for segment in _segment_weights(layer, decision.segments, state.cols)]
     paths = merged_plans([segment.plans for segment in state.segments if segment.plans])
     return KernelChoice(decision.kernel, decision.reason, decision.types, packed_total, dense_name, paths=paths)
@@ -109,18 +107,13 @@ def _segments_current(layer: nn.Module, state: GGUFLayerState) -> bool:
 
 
 def apply_segments(segments: Sequence[LayerSegment], x: torch.Tensor) -> torch.Tensor:
-    """Each segment's rows of ``x W^T`` on its own kernel, side by side in ``x``'s dtype."""
+    """Each segment's rows of ``x W^T`` on its own kernel (a packed one on its planned path), side by side in
+    ``x``'s dtype."""
     outs = []
-    kernel_input: torch.Tensor | None = None
     for segment in segments:
         weight = segment.weight
         if isinstance(weight, torch.Tensor):
             outs.append(torch.nn.functional.linear(x.to(weight.dtype), weight).to(x.dtype))
-            continue
-        if segment.plans:
+        else:
             outs.append(run_planned(weight, segment.plans, x).to(x.dtype))
-            continue
-        if kernel_input is None or kernel_input.dtype != weight.kernel_dtype:
-            kernel_input = x.to(weight.kernel_dtype)
-        outs.append(weight.matmul(kernel_input).to(x.dtype))
     return torch.cat(outs, dim=-1)
