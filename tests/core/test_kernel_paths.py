@@ -11,13 +11,16 @@ import torch
 
 from loader.errors import SettingError
 from loader.kernels import (
+    MEASURE_MAX_WEIGHTS,
     PACKED_BF16_LOGITS_TOLERANCE,
     TOKEN_BUCKETS,
     KernelChoice,
     TokenPlan,
     available_paths,
     bucket_label,
+    dequantize_tile_rows,
     kernel_timing,
+    measure_rows,
     pack_int4,
     pack_int8,
     pack_int8_grouped,
@@ -220,3 +223,17 @@ def test_the_report_records_the_path_per_dtype_and_bucket():
         "257+": "dequantize"}}}
     assert KernelChoice("int4pack").record() == {"kernel": "int4pack", "reason": None}
     assert 0 < PACKED_BF16_LOGITS_TOLERANCE < 0.05
+
+
+def test_a_layer_is_timed_whole_up_to_a_size_then_over_whole_dequantized_tiles():
+    """A short slice is not the layer per row (it fits the cache the layer does not, and skips the dequantized
+    twin's per-tile costs), so a layer is timed whole up to MEASURE_MAX_WEIGHTS, beyond that over as many whole
+    tiles as hold that many weights."""
+    assert dequantize_tile_rows(2048) == 2048 and dequantize_tile_rows(5632) == 704
+    assert dequantize_tile_rows(1 << 20) == 64
+    assert measure_rows(11264, 2048) == 11264  # gate_up of the 1 GB Llama: whole
+    assert measure_rows(2048, 5632) == 2048
+    assert measure_rows(28672, 4096) == MEASURE_MAX_WEIGHTS // 4096  # a 7B's gate_up: 8192 rows, 8 tiles
+    assert measure_rows(28672, 4096) % dequantize_tile_rows(4096) == 0
+    assert measure_rows(1 << 16, 1 << 20) == 64  # one tile at least
+    assert measure_rows(1 << 16 | 3, 1 << 20) == (1 << 16) | 3  # not whole blocks of 64: every row

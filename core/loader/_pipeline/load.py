@@ -28,6 +28,7 @@ from torch import nn
 
 from .. import _distributed, _hooks
 from .._context import ModelContext
+from .._heap import release_freed_heap
 from .._load_record import LoadRecord, remember_load
 from .._mapped_parameters import write_pending
 from .._options import LoadOptions, check_model_impl, parse_dtype
@@ -39,7 +40,6 @@ from ..weights import CheckpointTensor, ReadStats
 from .budget import check_fits
 from .by_name import load_by_name
 from .factory_dtype import factory_dtype
-from .heap import release_freed_heap
 from .materialize import materialize, parameter_bytes
 from .prepare import PreparedCheckpoint, prepare_checkpoint
 from .progress import checkpoint_size, with_progress

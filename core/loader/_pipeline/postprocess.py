@@ -6,7 +6,7 @@ and copied back where they lived afterwards (vLLM's
 ``device_loading_context``), so a repack that needs the GPU works even for
 layers kept on the CPU.
 
-The heap is trimmed as layers are processed (:func:`~loader._pipeline.heap.release_freed_heap`):
+The heap is trimmed as layers are processed (:func:`~loader._heap.release_freed_heap`):
 a layer's temporaries are freed between the buffers the next layers
 allocate, and glibc keeps such fragments resident until trimmed, so without
 it they add up across layers and the load's peak RSS stands above what is
@@ -38,10 +38,10 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from .._heap import release_freed_heap
 from .._io_pool import io_threads
 from ..hookspecs import hookimpl
 from ..layers.quantization import QuantizeMethodBase
-from .heap import release_freed_heap
 
 if TYPE_CHECKING:
     import torch

@@ -2,8 +2,8 @@
 
 Why: which path is fastest (:mod:`loader.kernels.token_plan`) differs between CPUs, torch builds and thread
 counts by factors, not percents, so it is measured rather than assumed. A layer kind (a kernel family over a
-given input width and group, a slice of at most :data:`MEASURE_ROWS` output rows: every path's cost grows
-with the rows alike) is timed the first time a load meets it: each path at each of
+given input width and group, and its output rows: the whole layer up to a size,
+:func:`~loader.kernels.weight_paths.measure_rows`) is timed the first time a load meets it: each path at each of
 :data:`~loader.kernels.token_plan.TOKEN_BUCKETS` tokens, in :data:`ROUNDS` interleaved rounds, the fastest
 call kept (:func:`measure_paths`: the least disturbed by other work on a shared machine). A path far behind
 (:data:`HOPELESS`) and slow whose gap is not closing is not timed at larger buckets (the float32 packed
@@ -15,7 +15,10 @@ The timings are kept in ``<cache root>/kernel-timings/<fingerprint>.json``, the 
 torch version, the CPU capability and model, torch's thread count and the sources of the kernels timed (this
 package's and the caller's), as the compiled helpers are keyed: another machine, torch or kernel measures
 again. A cache that cannot be written is warned about once and the timings are kept for the process.
-``LOADER_KERNEL_MEASURE=0`` times nothing and plans by the static rule
+A plan made from timings (measured or cached) first settles glibc's allocator thresholds
+(:func:`loader._heap.settle_malloc_thresholds`): a path that allocates temporaries per call (the dequantized twin)
+costs up to twice as much in a process that has not yet freed a large block, so the timings and the forwards
+must see the same state. ``LOADER_KERNEL_MEASURE=0`` times nothing and plans by the static rule
 (:func:`~loader.kernels.token_plan.static_plan`); the tests run that way for determinism.
 """
 
@@ -34,14 +37,13 @@ import torch
 
 from .._atomic_file import replaced_atomically
 from .._cache_root import cache_root, warn_cache_not_written
+from .._heap import settle_malloc_thresholds
 from .._settings import KERNEL_MEASURE
 from .token_plan import DENSE, DEQUANTIZE, TOKEN_BUCKETS, TokenPlan, plan_from_timings, static_plan
 
-__all__ = ["CALL_BUDGET_S", "CATCH_UP", "HOPELESS", "HOPELESS_MIN_S", "MEASURE_ROWS", "MIN_SPAN_S", "ROUNDS", "Timings",
+__all__ = ["CALL_BUDGET_S", "CATCH_UP", "HOPELESS", "HOPELESS_MIN_S", "MIN_SPAN_S", "ROUNDS", "Timings",
            "measure_paths", "measured_plan", "timings_fingerprint", "timings_path"]
 
-MEASURE_ROWS = 1024
-"""Output rows a layer kind is timed over (fewer when the layer has fewer)."""
 ROUNDS = 7
 MIN_SPAN_S = 1.0
 """Rounds continue (up to ``4 * ROUNDS``) until the timing of a layer kind spans this many seconds."""
@@ -205,11 +207,13 @@ def measured_plan(key: str, dtype: torch.dtype, available: Sequence[str],
     """The plan of a layer of kind ``key`` for activations of ``dtype``: the fastest available path per bucket
     by this machine's timings, or the static rule under ``LOADER_KERNEL_MEASURE=0``.
 
-    :param make_paths: the calls to time (a slice of the layer's weight, at most :data:`MEASURE_ROWS` rows),
+    :param make_paths: the calls to time (the layer's weight, or its first rows:
+        :func:`~loader.kernels.weight_paths.measure_rows`),
         made only when the timings are not cached.
     """
     name = str(dtype).removeprefix("torch.")
     if not KERNEL_MEASURE.read():
         return static_plan(name, available, exact)
+    settle_malloc_thresholds()  # measured and later run in the same allocator state: loader._heap
     timings = cached_timings(f"{key}:{name}", lambda: measure_paths(make_paths(), in_features, dtype), extra_sources)
     return plan_from_timings(name, timings, available, exact)
