@@ -22,6 +22,7 @@ from .settings import FLAG, FOLDER, Setting, integer, names, seconds
 __all__ = [
     "CACHE_DIR",
     "DISABLE_PLUGINS",
+    "FUSED_READS",
     "HUGE_PAGES",
     "INTERNAL",
     "KERNEL_DENSE_BUDGET",
@@ -115,6 +116,11 @@ MAP_MIN_BYTES = Setting(
     doc="CPU tensors at least this large get memory of their own and may be mapped; smaller ones are copied "
         "into a shared arena. Parts landing inside such a tensor (a fused projection's, an expert's) map from "
         "64 KiB, or from this size if lower")
+FUSED_READS = Setting(
+    "LOADER_FUSED_READS", FLAG, default=True,
+    doc="`0`: reads that convert a bfloat16/float16 file into float32, or gather a row-parallel shard's row "
+        "slices, go through a bounce buffer and a second copy; by default they are one pass in compiled code "
+        "(`fused_reads.c`, built with `$CC` on first use; without a compiler the bounce buffer is used)")
 HUGE_PAGES: Setting[bool | None] = Setting(
     "LOADER_HUGE_PAGES", FLAG, default=None, blank_is_default=True,
     default_doc="unset: yes, except in a VM whose virtio balloon reports free pages to its host",
@@ -129,7 +135,7 @@ SKIP_MEMORY_CHECK = Setting(
 SETTINGS: tuple[Setting[object], ...] = (
     PLUGINS, DISABLE_PLUGINS, OVERRIDE_ARCHITECTURES, CACHE_DIR, NATIVE_REPACK, KERNEL_MEASURE, KERNEL_EXACT_FLOAT32,
     KERNEL_DENSE_BUDGET,
-    PROBE_IN_PROCESS, PROBE_TIMEOUT, SKIP_MEMORY_CHECK, READ_THREADS, MAP_WEIGHTS, MAP_MIN_BYTES,
+    PROBE_IN_PROCESS, PROBE_TIMEOUT, SKIP_MEMORY_CHECK, READ_THREADS, MAP_WEIGHTS, MAP_MIN_BYTES, FUSED_READS,
     HUGE_PAGES,
 )
 """The core's user settings, in the order the user guide lists them."""

@@ -112,6 +112,12 @@ def _huge_pages() -> object:
     return advise_fresh_huge_pages()
 
 
+def _fused_reads() -> object:
+    from loader.io import fused_reads_available
+
+    return fused_reads_available()
+
+
 def _tp_launched() -> object:
     from loader._cli.tp_launch import worker_exit
 
@@ -140,6 +146,7 @@ BAD: dict[str, tuple[str, str, Callable[[], object]]] = {
     "LOADER_KERNEL_EXACT_FLOAT32": ("exact", YES_NO, _kernel_exact),
     "LOADER_KERNEL_DENSE_BUDGET": ("1GB", "a whole number of bytes (at least 0)", _kernel_dense_budget),
     "LOADER_HUGE_PAGES": ("huge", YES_NO, _huge_pages),
+    "LOADER_FUSED_READS": ("fast", YES_NO, _fused_reads),
 }
 
 

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from loader.errors import CheckpointFormatError, ShapeMismatchError
+from loader.io import fused_reads_available
 from loader.weights import ReadStats
 from loader_plugin_safetensors import open_checkpoint_file, parallel_read, tensor_read
 
@@ -93,7 +94,8 @@ def test_narrows_compose_on_several_dims(matrix_file):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
 @pytest.mark.parametrize("narrow", [None, (0, 8, 20), (1, 5, 30)])
-def test_read_into_converts_dtype_bit_exactly(matrix_file, dtype, narrow):
+@pytest.mark.parametrize("fused_reads", ["1", "0"], indirect=True)
+def test_read_into_converts_dtype_bit_exactly(fused_reads, matrix_file, dtype, narrow):
     path, tensors = matrix_file
     handle = open_checkpoint_file(path).tensor("w")
     source = tensors["w"]
@@ -142,6 +144,13 @@ def test_missing_tensor_name(matrix_file):
 
 
 @pytest.fixture
+def fused_reads(request, monkeypatch):
+    """``LOADER_FUSED_READS``: "1" the compiled one-pass reads (where a compiler is), "0" the bounce buffers."""
+    monkeypatch.setenv("LOADER_FUSED_READS", request.param)
+    return request.param
+
+
+@pytest.fixture
 def small_thresholds(monkeypatch):
     """Shrink every size threshold so tiny tensors take the parallel, segmented and chunked paths."""
     monkeypatch.setattr(parallel_read, "PARALLEL_MIN_BYTES", 64)
@@ -152,7 +161,8 @@ def small_thresholds(monkeypatch):
 
 @pytest.mark.parametrize("threads", ["1", "2", "3"])
 @pytest.mark.parametrize("narrow", [None, (0, 3, 50), (1, 4, 9), (1, 40, 3)])
-def test_all_read_paths_agree(matrix_file, small_thresholds, monkeypatch, threads, narrow):
+@pytest.mark.parametrize("fused_reads", ["1", "0"], indirect=True)
+def test_all_read_paths_agree(fused_reads, matrix_file, small_thresholds, monkeypatch, threads, narrow):
     """One contiguous range split over the pool, one pread per segment, the memory-map gather,
     and chunked conversion all give the same bits and count the same bytes."""
     monkeypatch.setenv("LOADER_READ_THREADS", threads)
@@ -173,14 +183,36 @@ def test_paths_are_the_ones_intended(matrix_file, small_thresholds):
     assert handle.layout().contiguous and handle.nbytes > parallel_read.PARALLEL_MIN_BYTES
     wide = handle.narrow(1, 4, 9).layout()  # 18-byte segments: one pread each
     assert wide.segment >= parallel_read.SEGMENT_PREAD_MIN_BYTES and not wide.contiguous
-    narrow = handle.narrow(1, 40, 3).layout()  # 6-byte segments: gathered from a memory map
+    narrow = handle.narrow(1, 40, 3).layout()  # 6-byte segments: gathered
     assert narrow.segment < parallel_read.SEGMENT_PREAD_MIN_BYTES
+
+
+@pytest.mark.skipif(not fused_reads_available(), reason="no C compiler here")
+def test_widening_and_gathering_reads_take_the_compiled_one_pass_path(matrix_file, monkeypatch):
+    """bf16 into a contiguous float32 destination: widened in C; short row slices: gathered in C; the
+    setting turns both back to the bounce buffers."""
+    calls: list[str] = []
+    for module, name in ((tensor_read, "read_widening"), (parallel_read, "gather_rows")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **k: (calls.append(_name), _real(*a, **k)))
+    path, tensors = matrix_file
+    handle = open_checkpoint_file(path).tensor("w")
+    assert _same(handle.read(torch.float32), tensors["w"].float())
+    assert _same(handle.narrow(1, 40, 3).read(), tensors["w"][:, 40:43])
+    assert calls == ["read_widening", "gather_rows"]
+    assert _same(handle.read(torch.float64), tensors["w"].double())  # another width: the bounce buffer
+    assert _same(handle.narrow(1, 40, 3).read(torch.float32), tensors["w"][:, 40:43].float())  # gather, convert
+    monkeypatch.setenv("LOADER_FUSED_READS", "0")
+    assert _same(handle.read(torch.float32), tensors["w"].float())
+    assert _same(handle.narrow(1, 40, 3).read(), tensors["w"][:, 40:43])
+    assert calls == ["read_widening", "gather_rows", "gather_rows"]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(("narrow", "segment_pread_min"), [
     (None, 1 << 20), ((1, 0, 2), 1 << 20), ((1, 0, 40), 1 << 20), ((1, 0, 40), 16)])
-def test_truncated_after_the_header_was_read(matrix_file, monkeypatch, narrow, segment_pread_min, dtype):
+@pytest.mark.parametrize("fused_reads", ["1", "0"], indirect=True)
+def test_truncated_after_the_header_was_read(fused_reads, matrix_file, monkeypatch, narrow, segment_pread_min, dtype):
     """Every path (pread, per-segment pread, map gather, map convert) reports truncation, no SIGBUS."""
     monkeypatch.setattr(parallel_read, "SEGMENT_PREAD_MIN_BYTES", segment_pread_min)
     path, _ = matrix_file
@@ -205,7 +237,8 @@ def _misaligned_file(path, values: torch.Tensor):
 
 
 @pytest.mark.parametrize("narrow", [None, (0, 2, 5), (1, 3, 4)])
-def test_misaligned_data_converts_through_chunked_staging(tmp_path, small_thresholds, narrow):
+@pytest.mark.parametrize("fused_reads", ["1", "0"], indirect=True)
+def test_misaligned_data_converts_through_chunked_staging(fused_reads, tmp_path, small_thresholds, narrow):
     values = torch.randn(9, 10, generator=torch.Generator().manual_seed(3)).bfloat16()
     stats = ReadStats()
     handle = open_checkpoint_file(_misaligned_file(tmp_path / "odd.safetensors", values), stats).tensor("w")

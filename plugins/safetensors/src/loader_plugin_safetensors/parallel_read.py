@@ -8,12 +8,16 @@ Three strategies, chosen from the layout alone:
   in flight keep a page cache copy or an NVMe queue busier than one);
 - equal segments of at least :data:`SEGMENT_PREAD_MIN_BYTES`: one ``preadv``
   per segment, spread over the pool the same way;
-- many small segments (a narrow on an inner dim): blocks of rows are read
-  whole, gaps included, with one ``preadv`` each into a reused bounce buffer
-  of about :data:`CHUNK_BYTES`, and the segments copied out of it with numpy's
-  strided copy; a syscall per row costs more than the copy
-  (benchmarks/RESULTS.md). Not a map: a file cut short while it is read
-  must give a short read (an error), not a ``SIGBUS``.
+- many small segments (a narrow on an inner dim, a row-parallel shard): one
+  ``preadv`` per block of rows in compiled code, its iovecs the destination's
+  row slices with the gaps between them sent to one scratch buffer, so the
+  kept bytes are copied once, straight into place
+  (:func:`loader.io.gather_rows`); without a compiler, or for grids of more
+  than one dimension, blocks of rows are read whole, gaps included, into a
+  reused bounce buffer of about :data:`CHUNK_BYTES` and the segments copied
+  out with numpy's strided copy (benchmarks/RESULTS.md). Not a map either
+  way: a file cut short while it is read must give a short read (an error),
+  not a ``SIGBUS``.
 
 The threads are the core's shared pool (:mod:`loader.io`, ``LOADER_READ_THREADS``).
 
@@ -29,15 +33,16 @@ from functools import partial
 
 import numpy as np
 
+from loader.io import fused_reads_available, gather_rows, pread_exactly, run_in_pool
 from loader.io import io_pool as read_pool
 from loader.io import io_threads as read_threads
-from loader.io import pread_exactly, run_in_pool
 
 from .byte_layout import ByteLayout
 from .staging import staging_buffer
 
 __all__ = [
     "CHUNK_BYTES",
+    "GATHER_MIN_BLOCK_BYTES",
     "PARALLEL_MIN_BYTES",
     "SEGMENT_PREAD_MIN_BYTES",
     "read_layout",
@@ -51,6 +56,9 @@ CHUNK_BYTES = 8 << 20
 
 PARALLEL_MIN_BYTES = 16 << 20
 """Ranges smaller than this are read by the calling thread alone."""
+
+GATHER_MIN_BLOCK_BYTES = 1 << 20
+"""File bytes below which a compiled gather is not split further over the pool."""
 
 SEGMENT_PREAD_MIN_BYTES = 256 << 10
 """Segments at least this long are read with ``preadv``; shorter ones are gathered from a memory map."""
@@ -84,6 +92,8 @@ def read_layout(fd: int, layout: ByteLayout, dest: np.ndarray, *, path: str, wha
         return
     if layout.segment >= SEGMENT_PREAD_MIN_BYTES:
         _read_segments(fd, layout, view, path, what)
+    elif len(layout.grid) == 1 and fused_reads_available():
+        _gather_in_place(fd, layout, dest, path, what)
     else:
         _gather_through_buffer(fd, layout, dest, path, what)
 
@@ -104,6 +114,17 @@ def _read_segments(fd: int, layout: ByteLayout, view: memoryview, path: str, wha
             pread_exactly(fd, view[i * seg:(i + 1) * seg], offsets[i], path, what)
 
     run_in_pool([partial(read_group, a, b) for a, b in _split(len(offsets), per_task)])
+
+
+def _gather_in_place(fd: int, layout: ByteLayout, dest: np.ndarray, path: str, what: str) -> None:
+    """Blocks of rows over the pool (at most :data:`CHUNK_BYTES` of file a block, at least
+    :data:`GATHER_MIN_BLOCK_BYTES`, else one per pool thread), each one compiled gather into ``dest``."""
+    ((rows, row_stride),) = layout.grid
+    seg, address = layout.segment, dest.ctypes.data
+    span = rows * row_stride
+    per_task = max(1, min(CHUNK_BYTES, max(GATHER_MIN_BLOCK_BYTES, -(-span // read_threads()))) // row_stride)
+    run_in_pool([partial(gather_rows, fd, layout.offset + a * row_stride, b - a, row_stride, seg, address + a * seg,
+                         path=path, what=what) for a, b in _split(rows, per_task)])
 
 
 def _gather_through_buffer(fd: int, layout: ByteLayout, dest: np.ndarray, path: str, what: str) -> None:

@@ -4,9 +4,14 @@ The paths, fastest first:
 
 - **direct**: ``out`` is a contiguous CPU tensor of the file's dtype, so the
   bytes are read with ``preadv`` straight into ``out``'s memory; no other copy;
-- **through a bounce buffer**: ``out`` has another dtype or is a strided view:
-  chunks of about :data:`BOUNCE_CHUNK_BYTES` along the outermost dim are read
-  with ``preadv`` into one reused buffer, and torch converts each into ``out``;
+- **widening**: ``out`` is contiguous float32 and the file holds a contiguous
+  run of bfloat16 or float16: compiled reads over the I/O pool convert each
+  128 KiB piece while it is in the core's cache (:func:`loader.io.read_widening`),
+  so the bytes are written once, at their final width;
+- **through a bounce buffer**: any other dtype or a strided view (or no C
+  compiler): chunks of about :data:`BOUNCE_CHUNK_BYTES` along the outermost dim
+  are read with ``preadv`` into one reused buffer, and torch converts each into
+  ``out``;
 - **chunked to CUDA**: each chunk is read into one of two pinned buffers and
   copied host-to-device asynchronously; the next chunk is read while the copy
   runs, and a buffer is reused only after its copy's event has completed. A
@@ -14,8 +19,8 @@ The paths, fastest first:
 
 No path reads the file through a memory map. Another process may truncate or
 rewrite a checkpoint while it loads; a read from a map past the new end of the
-file is a ``SIGBUS`` that kills the process, while a positioned read returns
-short and becomes a :class:`~loader.errors.CheckpointFormatError` naming the
+file is a ``SIGBUS`` that kills the process, while a positioned read (in Python
+or in the compiled reads) returns short and becomes a :class:`~loader.errors.CheckpointFormatError` naming the
 file and tensor. What the bounce costs against converting straight out of a
 map is in benchmarks/RESULTS.md. Mapped *parameters*
 (:func:`loader.weights.fill_parameter`) are the one place file pages outlive a read.
@@ -27,9 +32,13 @@ CPU destinations are first offered transparent huge pages
 
 from __future__ import annotations
 
+import sys
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
+
+from loader.io import WIDENED_SOURCES, fused_reads_available, io_threads, read_widening, run_in_pool
 
 from .memory_hints import advise_huge_pages
 from .parallel_read import read_layout
@@ -38,7 +47,7 @@ from .staging import staging_buffer
 if TYPE_CHECKING:
     from .tensor import SafetensorsTensor
 
-__all__ = ["BOUNCE_CHUNK_BYTES", "STAGING_CHUNK_BYTES", "read_tensor_into"]
+__all__ = ["BOUNCE_CHUNK_BYTES", "STAGING_CHUNK_BYTES", "WIDEN_MIN_PIECE_BYTES", "read_tensor_into"]
 
 STAGING_CHUNK_BYTES = 32 << 20
 """Source bytes per chunk when a read to CUDA goes through a pinned staging buffer."""
@@ -47,6 +56,9 @@ BOUNCE_CHUNK_BYTES = 16 << 20
 """Source bytes per chunk of a converting CPU read. Each chunk is one parallel region of torch's copy;
 smaller chunks stay in the CPU cache, but on a busy machine waking torch's threads for each region costs
 more than the cache saves: benchmarks/RESULTS.md."""
+
+WIDEN_MIN_PIECE_BYTES = 1 << 20
+"""Source bytes below which a widening read is not split further over the pool."""
 
 _BOUNCE_SLOT = 2
 """This thread's staging slot for the bounce buffer (0 and 1 belong to the CUDA path)."""
@@ -62,6 +74,8 @@ def read_tensor_into(tensor: SafetensorsTensor, out: torch.Tensor) -> None:
         advise_huge_pages(dest)
         if dest.dtype == tensor.dtype and dest.is_contiguous():
             _read_direct(tensor, dest)
+        elif _widens(tensor, dest):
+            _read_widening(tensor, dest)
         else:
             _read_through_bounce(tensor, dest)
     elif dest.device.type == "cuda":
@@ -89,6 +103,24 @@ def _read_raw(tensor: SafetensorsTensor, target: torch.Tensor) -> None:
 
 def _read_direct(tensor: SafetensorsTensor, dest: torch.Tensor) -> None:
     _read_raw(tensor, dest)
+    _count(tensor, tensor.nbytes)
+
+
+def _widens(tensor: SafetensorsTensor, dest: torch.Tensor) -> bool:
+    return (dest.dtype == torch.float32 and tensor.dtype in WIDENED_SOURCES and dest.is_contiguous()
+            and sys.byteorder == "little" and tensor.layout().contiguous and fused_reads_available())
+
+
+def _read_widening(tensor: SafetensorsTensor, dest: torch.Tensor) -> None:
+    """The tensor split over the I/O pool (at most :data:`BOUNCE_CHUNK_BYTES` of source a piece, at least
+    :data:`WIDEN_MIN_PIECE_BYTES`), each piece widened into place in C: the pool's threads fault in the fresh
+    destination pages together, as torch's threads do in the bounce buffer's copy."""
+    offset, count, address = tensor.layout().offset, tensor.numel(), dest.data_ptr()
+    per_task = min(BOUNCE_CHUNK_BYTES, max(WIDEN_MIN_PIECE_BYTES, -(-tensor.nbytes // io_threads()))) // 2
+    with tensor.descriptor.borrow() as fd:
+        run_in_pool([partial(read_widening, fd, offset + first * 2, min(per_task, count - first), tensor.dtype,
+                             address + first * 4, path=tensor.file, what=f"tensor {tensor.name!r}")
+                     for first in range(0, count, per_task)])
     _count(tensor, tensor.nbytes)
 
 
