@@ -137,8 +137,8 @@ def _report(runs: dict[str, list[float]], plans: dict[str, object], args: argpar
     lines = [
         "## SmolLM2-135M W4A16 (group 64, llm-compressor) in float32: a 37-token forward (issue 35)", "",
         f"- Date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; machine: {describe_machine()}",
-        f"- 1-min load average at the end: {os.getloadavg()[0]:.2f} — other helpers were running tests and "
-        "benchmarks on this machine at the same time",
+        f"- 1-min load average at the end: {os.getloadavg()[0]:.2f} (the benchmark's own {args.threads} threads "
+        "count; more is other work on the machine)",
         f"- {TOKENS}-token forward, {args.threads} threads, {args.rounds} fresh processes per path (interleaved) x "
         f"{args.reps} forwards after a warm-up; medians; `dtype=\"auto\"` (the checkpoint says float32)", "",
         "| path | seconds | vs dense float32 | logits vs exact float32 (rel., norm) | paths of the first layer |",
