@@ -184,10 +184,9 @@ def main() -> int:
     table = render(times, warm, header, command)
     print(table)
     if args.results:
-        from benchmarks.report import replace_block
+        from benchmarks.report import write_section
 
-        existing = args.results.read_text() if args.results.exists() else ""
-        args.results.write_text(replace_block(existing, TAG, table))
+        write_section(args.results, TAG, table)
     return 0
 
 

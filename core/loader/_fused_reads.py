@@ -17,16 +17,14 @@ import errno
 import functools
 import logging
 import os
-import subprocess
 import threading
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ._cache_root import warn_cache_not_written
 from ._file_reads import truncated_error
-from ._native_build import CacheNotWritten, cache_folder, compiler, load_library
+from ._native_build import library_or_none
 from ._settings import FUSED_READS
 
 __all__ = ["WIDENED_SOURCES", "fused_reads_available", "gather_rows", "read_widening"]
@@ -43,15 +41,8 @@ log = logging.getLogger(__name__)
 def _library() -> Any | None:
     """The compiled reads, or ``None`` (the callers' bounce buffers) without a compiler or a loadable library."""
     with _lock:
-        found = compiler()
-        if found is None:
-            return None
-        try:
-            library = load_library(found, SOURCE, ("loader_fused_reads_abi", _ABI)).library
-        except (OSError, subprocess.SubprocessError) as error:
-            if isinstance(error, CacheNotWritten):
-                warn_cache_not_written(cache_folder(), error)
-            log.debug("reading through bounce buffers: %s", error)
+        library = library_or_none(SOURCE, ("loader_fused_reads_abi", _ABI), log, "reading through bounce buffers")
+        if library is None:
             return None
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         library.loader_read_widening.argtypes = [ctypes.c_int, i64, i64, ctypes.c_int, ptr]

@@ -15,15 +15,13 @@ import ctypes
 import functools
 import logging
 import struct
-import subprocess
 import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ._cache_root import warn_cache_not_written
-from ._native_build import CacheNotWritten, cache_folder, compiler, load_library
+from ._native_build import library_or_none
 
 __all__ = ["u64_prefixed_end"]
 
@@ -38,15 +36,9 @@ log = logging.getLogger(__name__)
 def _compiled() -> Any | None:
     """The C walker, or ``None`` (the Python loop walks) without a compiler or a library that loads."""
     with _lock:
-        found = compiler()
-        if found is None:
-            return None
-        try:
-            library = load_library(found, SOURCE, ("loader_records_abi", _ABI)).library
-        except (OSError, subprocess.SubprocessError) as error:
-            if isinstance(error, CacheNotWritten):
-                warn_cache_not_written(cache_folder(), error)
-            log.debug("walking length-prefixed records in Python: %s", error)
+        library = library_or_none(SOURCE, ("loader_records_abi", _ABI), log,
+                                  "walking length-prefixed records in Python")
+        if library is None:
             return None
         walk = library.loader_u64_prefixed_end
         walk.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,

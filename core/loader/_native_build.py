@@ -19,6 +19,7 @@ from __future__ import annotations
 import _ctypes
 import ctypes
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -28,10 +29,10 @@ from pathlib import Path
 
 import attrs
 
-from ._cache_root import cache_root
+from ._cache_root import cache_root, warn_cache_not_written
 
 __all__ = ["FLAGS", "CacheNotWritten", "NativeLibrary", "build_library", "cache_folder", "compiler",
-           "library_path", "load_library"]
+           "library_or_none", "library_path", "load_library"]
 
 FLAGS = ("-O3", "-std=c99", "-shared", "-fPIC")
 _COMPILE_TIMEOUT_S = 120
@@ -120,6 +121,22 @@ def load_library(compiler: str, source_file: Path, abi: tuple[str, int]) -> Nati
     except OSError as error:  # replaced, never written in place: readers that loaded the old file keep it
         build_library(compiler, source, path, source_name=source_file.name)
         return NativeLibrary(_opened(path, abi), path, rebuilt=f"the cached library did not load ({error})")
+
+
+def library_or_none(source_file: Path, abi: tuple[str, int], log: logging.Logger, fallback: str) -> ctypes.CDLL | None:
+    """:func:`load_library` for a helper whose caller has a Python path that computes the same: ``None`` without a
+    compiler or when the library can be neither built nor loaded (a cache folder that cannot be written is warned
+    about once; any other failure is logged at debug level, after ``fallback``, what runs instead)."""
+    found = compiler()
+    if found is None:
+        return None
+    try:
+        return load_library(found, source_file, abi).library
+    except (OSError, subprocess.SubprocessError) as error:
+        if isinstance(error, CacheNotWritten):
+            warn_cache_not_written(cache_folder(), error)
+        log.debug("%s: %s", fallback, error)
+        return None
 
 
 def _opened(path: Path, abi: tuple[str, int]) -> ctypes.CDLL:

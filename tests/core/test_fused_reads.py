@@ -77,3 +77,23 @@ def test_the_setting_turns_them_off(monkeypatch):
     assert fused_reads_available()
     monkeypatch.setenv("LOADER_FUSED_READS", "0")
     assert not fused_reads_available()
+
+
+@pytest.mark.needs_plugins
+def test_without_a_compiler_they_are_unavailable_and_the_callers_bounce(monkeypatch, tmp_path):
+    from safetensors.torch import save_file
+
+    from loader_plugin_safetensors import open_checkpoint_file
+
+    monkeypatch.setenv("CC", "no-such-compiler-here")
+    monkeypatch.setenv("LOADER_CACHE_DIR", str(tmp_path))
+    _fused_reads._library.cache_clear()
+    try:
+        assert not fused_reads_available()
+        values = torch.randn(64, 40).bfloat16()
+        save_file({"w": values}, str(tmp_path / "m.safetensors"))
+        handle = open_checkpoint_file(tmp_path / "m.safetensors").tensor("w")
+        assert torch.equal(handle.read(torch.float32), values.float())
+        assert torch.equal(handle.narrow(1, 0, 20).read(), values[:, :20])
+    finally:
+        _fused_reads._library.cache_clear()
