@@ -19,20 +19,22 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ._file_reads import truncated_error
 from ._native_build import library_or_none
 from ._settings import FUSED_READS
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["WIDENED_SOURCES", "fused_reads_available", "gather_rows", "read_widening"]
 
 SOURCE = Path(__file__).with_name("fused_reads.c")
 _ABI = 1
-WIDENED_SOURCES = {torch.bfloat16: 1, torch.float16: 2}
-"""Source dtypes :func:`read_widening` turns into float32 (the codes ``fused_reads.c`` takes)."""
+WIDENED_SOURCES = {"bfloat16": 1, "float16": 2}
+"""The source dtypes, by torch name, :func:`read_widening` turns into float32 (with the codes ``fused_reads.c``
+takes); names, so that importing ``loader.io`` does not import torch."""
 _lock = threading.Lock()
 log = logging.getLogger(__name__)
 
@@ -68,7 +70,8 @@ def read_widening(fd: int, offset: int, count: int, source: torch.dtype, out_add
     :class:`~loader.errors.CheckpointFormatError` (the caller checked :func:`fused_reads_available`)."""
     library = _library()
     assert library is not None
-    done = library.loader_read_widening(fd, offset, count, WIDENED_SOURCES[source], out_address)
+    done = library.loader_read_widening(fd, offset, count, WIDENED_SOURCES[str(source).removeprefix("torch.")],
+                                        out_address)
     if done < 0:
         raise _failed(done, path, what)
     if done < count:

@@ -107,8 +107,9 @@ def _read_direct(tensor: SafetensorsTensor, dest: torch.Tensor) -> None:
 
 
 def _widens(tensor: SafetensorsTensor, dest: torch.Tensor) -> bool:
-    return (dest.dtype == torch.float32 and tensor.dtype in WIDENED_SOURCES and dest.is_contiguous()
-            and sys.byteorder == "little" and tensor.layout().contiguous and fused_reads_available())
+    return (dest.dtype == torch.float32 and str(tensor.dtype).removeprefix("torch.") in WIDENED_SOURCES
+            and dest.is_contiguous() and sys.byteorder == "little" and tensor.layout().contiguous
+            and fused_reads_available())
 
 
 def _read_widening(tensor: SafetensorsTensor, dest: torch.Tensor) -> None:
