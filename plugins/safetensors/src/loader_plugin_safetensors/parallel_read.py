@@ -61,7 +61,7 @@ GATHER_MIN_BLOCK_BYTES = 1 << 20
 """File bytes below which a compiled gather is not split further over the pool."""
 
 SEGMENT_PREAD_MIN_BYTES = 256 << 10
-"""Segments at least this long are read with ``preadv``; shorter ones are gathered from a memory map."""
+"""Segments at least this long are read with one ``preadv`` each; shorter ones are gathered (never from a map)."""
 
 def _split(total: int, piece: int) -> Iterator[tuple[int, int]]:
     for start in range(0, total, piece):
