@@ -27,13 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +154,10 @@ def main() -> int:
         with_runai = True
     except ImportError:
         with_runai = False
-    began, load_before = time.monotonic(), os.getloadavg()
+    from benchmarks.report import section_meta
+
+    began = time.monotonic()
+    meta = section_meta("bench_cold_cache.py", sys.argv[1:], CHECKPOINT, args.reps, REPO)
     paths = _paths(with_runai)
     times: dict[str, list[float]] = {name: [] for name in paths}
     warm: list[float] = []
@@ -168,19 +169,17 @@ def main() -> int:
             times[name].append(run())
             print(f"{name}: {times[name][-1]:.3f} s", file=sys.stderr, flush=True)
         warm.append(_run_child("loader", {}))
-    from benchmarks.machine import describe_machine, describe_software
-
-    command = "python benchmarks/bench_cold_cache.py " + shlex.join(sys.argv[1:])
     header = "\n".join([
         "## Loads from a cold page cache against dd with O_DIRECT (issue 32, item 2)", "",
-        f"- Date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {time.monotonic() - began:.0f} s",
-        f"- Machine: {describe_machine()}",
-        f"- Software: {describe_software(REPO)}",
-        f"- Load average (1/5/15 min) at start {'/'.join(f'{v:.2f}' for v in load_before)}",
-        f"- `benchmarks/out/llama-1gb` (0.98 GB bf16, 5 shards); {args.reps} repetitions, page cache dropped "
+        f"- Date: {meta['date']}; {time.monotonic() - began:.0f} s",
+        f"- Machine: {meta['machine']}",
+        f"- Software: {meta['software']}",
+        f"- Environment: {meta['environment']}",
+        f"- `{meta['checkpoint']}` (0.98 GB bf16, 5 shards); {args.reps} repetitions, page cache dropped "
         "before each run, a fresh process per load (imports before the clock; the clock stops with every "
         "parameter page present)",
     ])
+    command = meta["command"]
     table = render(times, warm, header, command)
     print(table)
     if args.results:

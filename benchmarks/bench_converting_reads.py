@@ -24,14 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -194,24 +192,22 @@ def main() -> int:
     if args.child:
         print(json.dumps(_load_child(args.child)))
         return 0
-    began, load_before = time.monotonic(), os.getloadavg()
+    from benchmarks.report import section_meta
+
+    began = time.monotonic()
+    meta = section_meta("bench_converting_reads.py", sys.argv[1:], CHECKPOINT, args.load_reps, REPO)
     reads = _reads(args.size_mb, args.reps)
     loads = _loads(args.load_reps) if args.load_reps else []
-    from benchmarks.machine import describe_machine, describe_software
-
-    command = "python benchmarks/bench_converting_reads.py " + shlex.join(sys.argv[1:])
     header = "\n".join([
         "## Converting and row-gathering reads against the memcpy floor (issue 32, item 3)", "",
-        f"- Date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {time.monotonic() - began:.0f} s",
-        f"- Machine: {describe_machine()}",
-        f"- Software: {describe_software(REPO)}",
-        f"- Load average (1/5/15 min) at start {'/'.join(f'{v:.2f}' for v in load_before)}, at the end "
-        f"{'/'.join(f'{v:.2f}' for v in os.getloadavg())}; OMP_NUM_THREADS="
-        f"{os.environ.get('OMP_NUM_THREADS', 'unset')}, LOADER_READ_THREADS="
-        f"{os.environ.get('LOADER_READ_THREADS', 'unset')}",
+        f"- Date: {meta['date']}; {time.monotonic() - began:.0f} s",
+        f"- Machine: {meta['machine']}",
+        f"- Software: {meta['software']}",
+        f"- Environment: {meta['environment']}",
         f"- Reads: a {args.size_mb} MiB bf16 tensor (8 KiB rows), medians of {args.reps}; loads: "
-        f"`benchmarks/out/llama-1gb`, medians of {args.load_reps} fresh processes per path",
+        f"`{meta['checkpoint']}`, medians of {args.load_reps} fresh processes per path",
     ])
+    command = meta["command"]
     table = render(reads, loads, header, command)
     print(table)
     if args.results:
