@@ -90,6 +90,10 @@ class _Server:
     def bytes_served(self) -> dict[str, int]:
         return dict(json.loads(self._ask("counts")))
 
+    def gets_served(self) -> int:
+        """GETs answered since the last reset, every object's together."""
+        return sum(json.loads(self._ask("gets")).values())
+
     def stop(self) -> None:
         assert self._process.stdin is not None
         self._process.stdin.close()
@@ -116,7 +120,9 @@ def _bench_s3(size: float, concurrencies: list[int], reps: int, tp_size: float) 
                  for c in concurrencies]
         for rep in range(reps):
             for label, args in runs if rep % 2 == 0 else runs[::-1]:
+                server.reset_counts()
                 record = _child(args, env)
+                record["gets"] = server.gets_served()
                 records.append({"kind": "s3", "path": label, "parameter_bytes": shape.parameter_bytes, **record})
                 print(f"s3 {label}: {record.get('seconds', record.get('error'))}", flush=True)
         tp_folder, _, _ = ensure_checkpoint(BENCH_DIR / "out", tp_size)

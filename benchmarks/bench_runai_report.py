@@ -65,16 +65,19 @@ def _local_lines(local: list[dict[str, Any]]) -> list[str]:
 
 def _s3_lines(s3: list[dict[str, Any]]) -> list[str]:
     paths = _by_path(s3)
-    lines = ["| path | median s | min-max s | download s (median) | runs ok |", "|---|---:|---:|---:|---:|"]
+    lines = ["| path | median s | min-max s | download s (median) | GETs served | runs ok |",
+             "|---|---:|---:|---:|---:|---:|"]
     for label, rows in paths.items():
         ok = [r for r in rows if r.get("ok")]
         if not ok:
-            lines.append(f"| {label} | failed: {rows[0].get('error')} | | | 0/{len(rows)} |")
+            lines.append(f"| {label} | failed: {rows[0].get('error')} | | | | 0/{len(rows)} |")
             continue
         spread = f"{min(r['seconds'] for r in ok):.2f}-{max(r['seconds'] for r in ok):.2f}"
         download = _median(ok, "download_seconds")
+        gets = _median(ok, "gets")
         lines.append(f"| {label} | {_median(ok, 'seconds'):.2f} | {spread} | "
-                     f"{'' if download != download else f'{download:.2f}'} | {len(ok)}/{len(rows)} |")
+                     f"{'' if download != download else f'{download:.2f}'} | "
+                     f"{'' if gets != gets else f'{gets:.0f}'} | {len(ok)}/{len(rows)} |")
     ratios = []
     for label, rows in paths.items():
         if label.startswith("streamer, concurrency "):

@@ -11,8 +11,9 @@
   mapped: the peer a user of ``s3://`` compares the streamer with;
 - ``tp SOURCE`` under ``torchrun``: this rank's load; RESULT holds ``{rank}``;
 - ``serve -``: a moto S3 server on a free port of 127.0.0.1, answering lines on stdin (``endpoint``, ``reset``,
-  ``counts``: the body bytes sent per ``bucket/key`` as JSON) until stdin closes; nothing else is imported, and
-  the heap is frozen for the garbage collector, so the server's Python serves requests as fast as it can.
+  ``counts``: the body bytes sent per ``bucket/key`` as JSON; ``gets``: the GETs answered per key) until stdin
+  closes; nothing else is imported, and the heap is frozen for the garbage collector, so the server's Python
+  serves requests as fast as it can.
 
 Every child reports ``seconds``, ``bytes_read`` and ``peak_rss_bytes`` (``VmHWM``) and ``baseline_rss_bytes``
 (RSS once the imports are done, before the timed work).
@@ -100,7 +101,8 @@ def _serve() -> None:
     server.start()
     gc.freeze()
     answers = {"endpoint": lambda: server.endpoint, "reset": lambda: server.reset_counts() or "ok",
-               "counts": lambda: json.dumps(dict(server.bytes_served))}
+               "counts": lambda: json.dumps(dict(server.bytes_served)),
+               "gets": lambda: json.dumps(dict(server.gets))}
     for line in sys.stdin:
         print(answers[line.strip()](), flush=True)
     server.stop()

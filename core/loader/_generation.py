@@ -14,7 +14,7 @@ import attrs
 from . import _hooks
 from ._chat_template import render_chat
 from ._options import LoadOptions
-from ._pipeline.prepare import prepare_checkpoint
+from ._pipeline.prepare import SourceLocation, prepare_checkpoint
 from .errors import LoadError, UnsupportedError
 from .layers.attention import Attention, KVCache
 
@@ -61,7 +61,8 @@ class GenerationResult:
         return decoded / self.decode_seconds
 
 
-def tokenizer_for(location: str, *, load_format: str = "auto", revision: str | None = None) -> TokenizerBundle:
+def tokenizer_for(location: SourceLocation, *, load_format: str = "auto",
+                  revision: str | None = None) -> TokenizerBundle:
     """The tokenizer of the checkpoint at ``location`` (``tokenizer.json``, or what the format provides)."""
     import torch
 

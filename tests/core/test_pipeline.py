@@ -166,3 +166,38 @@ def test_absurd_sizes_are_refused_before_allocating(tmp_path: Path) -> None:
     needs = r"TinyForCausalLM\): the model needs 800000.00 GB for its parameters on cpu"
     with pytest.raises(UnsupportedError, match=needs):
         loader.load_model(str(folder), dtype="float32", host=_host([]))
+
+
+class _StringLocations:
+    """A source plugin that, as the hook's contract says, is handed the location as a ``str``."""
+
+    seen: list[object]
+
+    def __init__(self) -> None:
+        self.seen = []
+
+    @loader.hookimpl
+    def loader_resolve_source(self, location: object, options: object) -> None:
+        self.seen.append(location)
+        assert isinstance(location, str), location
+        return None
+
+
+def test_a_path_object_loads_as_its_string(tmp_path: Path) -> None:
+    """``load_model(Path(...))`` works as ``from_pretrained(Path(...))`` does: plugins still get a ``str`` (a
+    ``Path`` once reached the tensorizer plugin's ``location.rstrip`` and failed the load as its bug)."""
+    host = _host(_weights())
+    strings = _StringLocations()
+    host.register(strings, "strings")
+    by_path = loader.load_model(_checkpoint(tmp_path), dtype="float32", host=host)
+    by_str = loader.load_model(str(tmp_path), dtype="float32", host=host)
+    assert strings.seen == [str(tmp_path), str(tmp_path)]
+    for (name, got), (_, expected) in zip(by_path.state_dict().items(), by_str.state_dict().items(), strict=True):
+        assert torch.equal(got, expected), name
+
+
+@pytest.mark.parametrize("source", [42, None, b"/tmp/model"])
+def test_a_source_that_is_no_path_or_string_is_refused(source: object) -> None:
+    with pytest.raises(UnsupportedError, match=r"^source must be a path or a string \(a folder, a file, a Hub id "
+                                                r"or a URI\), found (int|NoneType|bytes)"):
+        loader.load_model(source, host=_host([]))  # type: ignore[arg-type]

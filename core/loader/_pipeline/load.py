@@ -41,7 +41,7 @@ from .budget import check_fits
 from .by_name import load_by_name
 from .factory_dtype import factory_dtype
 from .materialize import materialize, parameter_bytes
-from .prepare import PreparedCheckpoint, prepare_checkpoint
+from .prepare import PreparedCheckpoint, SourceLocation, prepare_checkpoint, source_location
 from .progress import checkpoint_size, with_progress
 from .verify import check_all_filled, reject_duplicates
 
@@ -254,7 +254,7 @@ def _load_weights(model: nn.Module, stream: Iterator[tuple[str, CheckpointTensor
 
 
 def load_model_with_report(
-    source: str, *, dtype: Any = None, device: str | torch.device = "cpu", load_format: str = "auto",
+    source: SourceLocation, *, dtype: Any = None, device: str | torch.device = "cpu", load_format: str = "auto",
     quantization: str | None = None, revision: str | None = None,
     quantization_options: Mapping[str, Any] | None = None, format_options: Mapping[str, Any] | None = None,
     progress: bool = False, host: PluginHost | None = None, model_impl: str = "auto",
@@ -262,6 +262,7 @@ def load_model_with_report(
 ) -> tuple[nn.Module, LoadReport]:
     """Load ``source`` and return the model with a :class:`LoadReport`."""
     start = time.perf_counter()
+    source = source_location(source)
     options = build_options(dtype=dtype, device=device, load_format=load_format, quantization=quantization,
                             revision=revision, quantization_options=quantization_options,
                             format_options=format_options, model_impl=model_impl,
@@ -355,7 +356,7 @@ def _build_and_fill(prepared: PreparedCheckpoint, options: LoadOptions, progress
 
 
 def load_model(
-    source: str, dtype: Any = None, device: str | torch.device = "cpu", load_format: str = "auto",
+    source: SourceLocation, dtype: Any = None, device: str | torch.device = "cpu", load_format: str = "auto",
     quantization: str | None = None, *, revision: str | None = None,
     quantization_options: Mapping[str, Any] | None = None, format_options: Mapping[str, Any] | None = None,
     progress: bool = False, host: PluginHost | None = None, model_impl: str = "auto",
@@ -363,7 +364,7 @@ def load_model(
 ) -> nn.Module:
     """Load a checkpoint into a ready ``torch.nn.Module``.
 
-    :param source: a local folder or file, a Hub id (``org/name``), a URI a
+    :param source: a local folder or file (a string or a path object), a Hub id (``org/name``), a URI a
         plugin handles (``s3://...``), or a ``.gguf`` file.
     :param dtype: ``"bfloat16"``, ``"float16"``, ``"float32"``, or ``"auto"``
         for the checkpoint's declared dtype. ``None`` (default) is the weight

@@ -10,6 +10,7 @@ fail if nothing is left.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -22,10 +23,29 @@ from .._options import LoadOptions
 from .._plugins import PluginHost, use_plugin_host
 from .._session import current_session
 from ..checkpoint import Source, WeightFormat, is_training_artifact, read_json_object
-from ..errors import CheckpointFormatError, ConfigError, SourceNotFoundError
+from ..errors import CheckpointFormatError, ConfigError, SourceNotFoundError, UnsupportedError
 from .weight_map import weight_map_files
 
-__all__ = ["PreparedCheckpoint", "filter_weight_files", "prepare_checkpoint"]
+__all__ = ["PreparedCheckpoint", "SourceLocation", "filter_weight_files", "prepare_checkpoint", "source_location"]
+
+SourceLocation = str | os.PathLike[str]
+"""What the public functions take as a checkpoint's location: a string, or a path object as ``transformers``'
+``from_pretrained`` takes."""
+
+
+def source_location(source: object) -> str:
+    """``source`` as the string every hook is handed (a path object becomes its path).
+
+    :raises UnsupportedError: for anything else (bytes included: a location is text).
+    """
+    if isinstance(source, str):
+        return source
+    if isinstance(source, os.PathLike):
+        location = os.fspath(source)
+        if isinstance(location, str):
+            return location
+    raise UnsupportedError(f"source must be a path or a string (a folder, a file, a Hub id or a URI), found "
+                           f"{type(source).__name__} {source!r:.80}")
 
 MAX_INDEX_FILES = 65_536
 """Different shard files one index may name: far above any published checkpoint (hundreds), and a
@@ -132,12 +152,14 @@ def filter_weight_files(source: Source, weight_format: WeightFormat) -> WeightFo
     return attrs.evolve(weight_format, files=tuple(files))
 
 
-def prepare_checkpoint(location: str, options: LoadOptions, host: PluginHost | None = None) -> PreparedCheckpoint:
+def prepare_checkpoint(location: SourceLocation, options: LoadOptions,
+                       host: PluginHost | None = None) -> PreparedCheckpoint:
     """Resolve, detect, filter and read the config: step 1 of every load.
 
     Runs in a session whose host is ``host`` (when given), so a plugin that calls
     back into the hooks (the core's ``dummy`` format) reaches the same plugins.
     """
+    location = source_location(location)
     if host is not None and current_session().host is not host:
         with use_plugin_host(host):
             return prepare_checkpoint(location, options, host)

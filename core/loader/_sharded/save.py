@@ -20,7 +20,7 @@ from torch import nn
 
 from .._distributed import simulated_tp
 from .._pipeline.load import build_options, load_model_with_report
-from .._pipeline.prepare import prepare_checkpoint
+from .._pipeline.prepare import SourceLocation, prepare_checkpoint, source_location
 from .._plugins import _core_version
 from .._sharded_layout import ShardedLayout, part_file_name, write_marker
 from ..checkpoint import Source, read_source_file
@@ -94,10 +94,11 @@ def _create_output_folder(folder: Path) -> None:
         raise UnsupportedError(f"{folder}: cannot create the output folder ({exc.strerror or exc})") from exc
 
 
-def save_sharded(source: str, out: str | Path, *, tp_size: int, dtype: Any = "bfloat16",
+def save_sharded(source: SourceLocation, out: str | Path, *, tp_size: int, dtype: Any = "bfloat16",
                  load_format: str = "auto", max_part_bytes: int = DEFAULT_MAX_PART_BYTES,
                  revision: str | None = None) -> SavedShards:
     """Write ``source`` cut for ``tp_size`` ranks into ``out``."""
+    source = source_location(source)
 
     if tp_size < 1:
         raise UnsupportedError(f"--tp must be at least 1, found {tp_size}")

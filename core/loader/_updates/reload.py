@@ -25,7 +25,7 @@ from .. import _hooks
 from .._load_record import LoadRecord, load_record_of
 from .._mapped_parameters import writes_in_place
 from .._pipeline.by_name import load_by_name
-from .._pipeline.prepare import PreparedCheckpoint, prepare_checkpoint
+from .._pipeline.prepare import PreparedCheckpoint, SourceLocation, prepare_checkpoint, source_location
 from .._pipeline.verify import reject_duplicates
 from .._session import LoadSession, load_session
 from ..errors import ConfigError, MissingWeightsError, UnsupportedError
@@ -93,7 +93,7 @@ def _fill(model: nn.Module, record: LoadRecord, prepared: PreparedCheckpoint) ->
         return counting.finished, counting.bytes, reprocess(tracker)
 
 
-def reload_weights(model: nn.Module, source: str | None = None) -> UpdateReport:
+def reload_weights(model: nn.Module, source: SourceLocation | None = None) -> UpdateReport:
     """Fill a loaded ``model`` again from ``source`` (default: where it was loaded from), in place.
 
     :param model: a model returned by :func:`loader.load_model`, on this rank.
@@ -108,7 +108,7 @@ def reload_weights(model: nn.Module, source: str | None = None) -> UpdateReport:
         raise UnsupportedError(f"reload_weights needs a model returned by loader.load_model; this "
                                f"{type(model).__name__} does not say where it was loaded from")
     start = time.perf_counter()
-    location = record.location if source is None else source
+    location = record.location if source is None else source_location(source)
     session = LoadSession(host=record.host, tp_rank=record.tp_rank, tp_size=record.tp_size,
                           dtype=record.options.dtype, device=record.options.device,
                           enable_expert_parallel=record.options.enable_expert_parallel)
