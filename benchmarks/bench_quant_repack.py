@@ -16,6 +16,7 @@ process, and the compiled packing helpers built (they are built once per machine
 - ``q4k-first``: the 1 GB-class random Llama as Q4_K (318 MB, ``gguf_checkpoints.ensure_gguf_llama``) kept
   packed (``quantization="gguf"``, ``dtype="float32"`` as ``bench_gguf_packed``'s ``packed``) with its bundles
   removed first: packed from the super-blocks by the compiled helpers and the bundle written;
+- ``q4k-mapped``: the next load of the same file: the layers mapped from the bundle;
 - ``q4k-nocache``: ``format_options={"packed_cache": False}``: packed every load, nothing written;
 - ``q4k-torch``: also ``LOADER_NATIVE_REPACK=0`` (decoded and packed by torch operations);
 - ``llama.cpp``: ``llama_cpp.Llama(path)`` (mmap, CPU) of the same Q4_K file from the pinned llama-cpp-python
@@ -57,6 +58,7 @@ PATHS: dict[str, tuple[str, dict[str, Any], dict[str, str], str | None]] = {
     "gptq-nocache": ("gptq", _GPTQ, {"LOADER_MARLIN_PACKED_CACHE": "0"}, None),
     "gptq-torch": ("gptq", _GPTQ, {"LOADER_MARLIN_PACKED_CACHE": "0", "LOADER_NATIVE_REPACK": "0"}, None),
     "q4k-first": ("q4k", _Q4K, {}, "gguf-packed"),
+    "q4k-mapped": ("q4k", _Q4K, {}, None),
     "q4k-nocache": ("q4k", {**_Q4K, "format_options": {"packed_cache": False}}, {}, None),
     "q4k-torch": ("q4k", {**_Q4K, "format_options": {"packed_cache": False}}, {"LOADER_NATIVE_REPACK": "0"}, None),
 }
@@ -182,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nGPTQ first ÷ bf16 mapped: {_ratio(table, 'gptq-first', 'bf16')} (packing only: "
           f"{_ratio(table, 'gptq-nocache', 'bf16')}; torch conversion: {_ratio(table, 'gptq-torch', 'bf16')}); "
           f"GPTQ second (mapped bundle) ÷ bf16: {_ratio(table, 'gptq-mapped', 'bf16')}")
-    print(f"Q4_K first ÷ llama.cpp: {_ratio(table, 'q4k-first', LLAMA_CPP)} (packing only: "
+    print(f"Q4_K first ÷ llama.cpp: {_ratio(table, 'q4k-first', LLAMA_CPP)}, second (mapped bundle): "
+          f"{_ratio(table, 'q4k-mapped', LLAMA_CPP)} (packing only: "
           f"{_ratio(table, 'q4k-nocache', LLAMA_CPP)}; torch: {_ratio(table, 'q4k-torch', LLAMA_CPP)})")
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
     return 0

@@ -5,16 +5,19 @@ boto3 download-then-load on moto; the bytes each tensor-parallel rank fetches, c
 every measurement is a fresh process (:mod:`benchmarks.runai_children`), paths alternate in order, medians:
 
 - **local** (warm page cache): the safetensors plugin (pages mapped), ``load_format="runai_streamer"`` (the
-  streamer writing into the parameters), and the streamer used alone (its ``SafetensorsStreamer``, nothing
-  loaded); peak RSS against the parameter bytes, whole and above the post-import baseline;
+  streamer writing into the parameters), the streamer used alone (its ``SafetensorsStreamer``, nothing
+  loaded), and the fresh-memory floor (as many bytes as the parameters written into fresh memory by torch from a
+  resident buffer, nothing read: no path that copies into parameters can beat it); peak RSS against the
+  parameter bytes, whole and above the post-import baseline;
 - **s3**: the ``--s3-gb`` checkpoint on a moto server (a lean process of its own on 127.0.0.1: moto serves each
   request in Python, and in a process holding torch its garbage collector alone halved its throughput),
   loaded through the streamer at each ``--concurrency`` and by boto3 downloading the objects (as many at once as
   the concurrency) into a temporary folder that is then loaded mapped; then a tp=2 ``torchrun`` load, with the
   bytes the server sent for the weight files against what each rank reports it read.
 
-moto answers each ranged GET by copying the whole object in Python first, so S3 figures measure moto more than
-either client; the comparison is between clients on the same server. Results replace the ``<!-- runai -->``
+moto answers each ranged GET by copying the whole object in Python first, under a lock per object, so S3 figures
+measure moto more than either client (each client's GETs served are counted); the comparison is between clients
+on the same server. Results replace the ``<!-- runai -->``
 block inside ``RESULTS.md``'s carried notes; raw records go to ``out/runai-last-run.json``.
 """
 
@@ -43,6 +46,7 @@ LOCAL_PATHS: dict[str, list[str]] = {
     "mapped (safetensors plugin, auto)": ["load", "{folder}", "auto", "{{}}"],
     "runai_streamer (into the parameters)": ["load", "{folder}", "runai_streamer", "{{}}"],
     "the streamer alone (nothing loaded)": ["alone", "{folder}"],
+    "fresh memory floor (the parameter bytes written, nothing read)": ["fresh", "{parameter_bytes}"],
 }
 
 
@@ -62,7 +66,7 @@ def _bench_local(size: float, reps: int) -> list[dict[str, Any]]:
     for rep in range(reps):
         for label in list(LOCAL_PATHS) if rep % 2 == 0 else list(LOCAL_PATHS)[::-1]:
             warm_page_cache(shard_files(folder))
-            args = [a.format(folder=folder) for a in LOCAL_PATHS[label]]
+            args = [a.format(folder=folder, parameter_bytes=shape.parameter_bytes) for a in LOCAL_PATHS[label]]
             record = _child(args)
             records.append({"kind": "local", "path": label, "parameter_bytes": shape.parameter_bytes, **record})
             print(f"local {label}: {record.get('seconds', record.get('error'))}", flush=True)

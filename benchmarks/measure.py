@@ -70,18 +70,21 @@ def rss_breakdown() -> dict[str, int]:
     return found
 
 
-def touch_pages(module: Any) -> int:
-    """Read one byte of every 4 KiB page of every parameter; return the pages touched.
+def touch_pages(module: Any, *, buffers: bool = False) -> int:
+    """Read one byte of every 4 KiB page of every parameter (and buffer, with ``buffers``: where quantized
+    layers keep packed weights); return the pages touched.
 
     Forces weights that are still lazily mapped (``mmap`` of the file) to
     become resident inside the timed region: the sum reads every sampled byte
     (torch evaluates eagerly, nothing is skipped). Tied parameters are touched once.
     """
+    import itertools
+
     import torch
 
     seen: set[int] = set()
     pages = 0
-    for param in module.parameters():
+    for param in itertools.chain(module.parameters(), module.buffers() if buffers else ()):
         data = param.detach()
         if data.device.type == "meta" or data.numel() == 0 or data.data_ptr() in seen:
             continue

@@ -50,7 +50,7 @@ SINGLE_PROCESS = ("loader", "loader_copy", "transformers", "vllm_loop", "floor")
 TP_PATHS = ("loader_tp2", "sharded_tp2")
 CARRIED_BLOCKS = ("fallback", "bin", "moe", "update", "quantized-formats", "quant-repack", "kernel-paths",
                   "kernel-paths-smollm2", "tensorizer",
-                  "huge-pages", "converting-reads", "cold-cache")
+                  "huge-pages", "converting-reads", "cold-cache", "cold-cache-gguf")
 """Sections of RESULTS.md written by the single-purpose benchmarks, kept across runs."""
 
 

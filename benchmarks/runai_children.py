@@ -6,6 +6,8 @@
   parameter page was touched;
 - ``alone FOLDER``: the Run:ai streamer used alone (``SafetensorsStreamer`` with its defaults), every tensor
   yielded and dropped, nothing loaded: what the streamer costs by itself;
+- ``fresh BYTES``: that many bytes of fresh memory written by torch from a resident buffer, nothing read: the
+  floor of any load that copies into parameter memory;
 - ``download SOURCE THREADS``: boto3 downloads every object of the ``s3://`` prefix into a temporary folder
   (``THREADS`` objects at once, each with boto3's own multipart concurrency), then the folder is loaded
   mapped: the peer a user of ``s3://`` compares the streamer with;
@@ -77,6 +79,21 @@ def _alone(folder: str) -> dict[str, Any]:
     return {"seconds": time.perf_counter() - start, "bytes_read": fetched}
 
 
+def _fresh(nbytes: int) -> dict[str, Any]:
+    """``nbytes`` of fresh memory written by torch's threads from a resident 64 MiB source: what any load that
+    copies into parameter memory pays at least, on this machine, now."""
+    import torch
+
+    source = torch.ones(64 << 20, dtype=torch.uint8)
+    start = time.perf_counter()
+    fresh = torch.empty(nbytes, dtype=torch.uint8)
+    whole, rest = divmod(nbytes, source.numel())
+    if whole:
+        fresh[:whole * source.numel()].view(whole, -1).copy_(source.view(1, -1).expand(whole, -1))
+    fresh[whole * source.numel():].copy_(source[:rest])
+    return {"seconds": time.perf_counter() - start, "bytes_read": 0}
+
+
 def _download(source: str, threads: int) -> dict[str, Any]:
     import boto3
 
@@ -118,6 +135,8 @@ def main(argv: list[str]) -> int:
         record = _load(args[0], args[1], json.loads(args[2]))
     elif kind == "alone":
         record = _alone(args[0])
+    elif kind == "fresh":
+        record = _fresh(int(args[0]))
     elif kind == "download":
         record = _download(args[0], int(args[1]))
     elif kind == "tp":
