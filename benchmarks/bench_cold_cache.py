@@ -31,9 +31,9 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -89,6 +89,25 @@ def _child(kind: str) -> dict[str, Any]:
     touch_pages(model)
     return {"seconds": time.perf_counter() - began,
             "bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+
+
+T = TypeVar("T")
+
+
+def run_cold(paths: Mapping[str, Callable[[], T]], reps: int,
+             after_each_round: Callable[[], object] | None = None) -> dict[str, list[T]]:
+    """Every path ``reps`` times, each run after the page cache is dropped, the order reversed every other round
+    (and ``after_each_round`` called after each); each path's results in order."""
+    results: dict[str, list[T]] = {name: [] for name in paths}
+    for rep in range(reps):
+        order = list(paths.items())
+        for name, run in order if rep % 2 == 0 else order[::-1]:
+            drop_caches()
+            results[name].append(run())
+            print(f"{name}: {results[name][-1]}", file=sys.stderr, flush=True)
+        if after_each_round is not None:
+            after_each_round()
+    return results
 
 
 def _run_child(kind: str, env: dict[str, str]) -> float:
@@ -155,21 +174,14 @@ def main() -> int:
         with_runai = True
     except ImportError:
         with_runai = False
-    from benchmarks.report import section_meta
+    from benchmarks.report import section_meta, show_section
 
     began = time.monotonic()
     meta = section_meta("bench_cold_cache.py", sys.argv[1:], CHECKPOINT, args.reps, REPO)
     paths = _paths(with_runai)
-    times: dict[str, list[float]] = {name: [] for name in paths}
     warm: list[float] = []
     _run_child("loader", {})  # bytecode written, plugins' first-use work done: untimed
-    for rep in range(args.reps):
-        order = list(paths.items())
-        for name, run in order if rep % 2 == 0 else order[::-1]:
-            drop_caches()
-            times[name].append(run())
-            print(f"{name}: {times[name][-1]:.3f} s", file=sys.stderr, flush=True)
-        warm.append(_run_child("loader", {}))
+    times = run_cold(paths, args.reps, after_each_round=lambda: warm.append(_run_child("loader", {})))
     header = "\n".join([
         "## Loads from a cold page cache against dd with O_DIRECT (issue 32, item 2)", "",
         f"- Date: {meta['date']}; {time.monotonic() - began:.0f} s",
@@ -182,11 +194,7 @@ def main() -> int:
     ])
     command = meta["command"]
     table = render(times, warm, header, command)
-    print(table)
-    if args.results:
-        from benchmarks.report import write_section
-
-        write_section(args.results, TAG, table)
+    show_section(table, args.results, TAG)
     return 0
 
 

@@ -43,7 +43,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_cold_cache import DROP, drop_caches
+from benchmarks.bench_cold_cache import DROP, run_cold
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "benchmarks" / "out"
@@ -160,7 +160,7 @@ def main() -> int:
 
     from benchmarks.gguf_checkpoints import ensure_gguf_llama, ensure_warm_up_gguf
     from benchmarks.llamacpp_venv import llamacpp_python
-    from benchmarks.report import section_meta
+    from benchmarks.report import section_meta, show_section
 
     smollm2 = Path(fetch_smollm2())
     path, warm = ensure_gguf_llama(OUT, "Q4_K", smollm2), ensure_warm_up_gguf(OUT, smollm2)
@@ -168,13 +168,7 @@ def main() -> int:
     meta = section_meta("bench_cold_cache_gguf.py", sys.argv[1:], path, args.reps, REPO)
     paths = _paths(path, warm, llamacpp_python())
     paths["loader, default (bundle mapped)"]()  # the bundle written, kernels timed: untimed
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in paths}
-    for rep in range(args.reps):
-        order = list(paths.items())
-        for name, run in order if rep % 2 == 0 else order[::-1]:
-            drop_caches()
-            runs[name].append(run())
-            print(f"{name}: {runs[name][-1]}", file=sys.stderr, flush=True)
+    runs = run_cold(paths, args.reps)
     header = "\n".join([
         "## GGUF from a cold page cache: loader against llama.cpp's load modes (issue 32, item 2)", "",
         f"- Date: {meta['date']}; {time.monotonic() - began:.0f} s",
@@ -186,11 +180,7 @@ def main() -> int:
         "clock; the clock stops when every weight is in memory)",
     ])
     table = render(runs, header, meta["command"])
-    print(table)
-    if args.results:
-        from benchmarks.report import write_section
-
-        write_section(args.results, TAG, table)
+    show_section(table, args.results, TAG)
     return 0
 
 

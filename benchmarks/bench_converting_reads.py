@@ -192,7 +192,7 @@ def main() -> int:
     if args.child:
         print(json.dumps(_load_child(args.child)))
         return 0
-    from benchmarks.report import section_meta
+    from benchmarks.report import section_meta, show_section
 
     began = time.monotonic()
     meta = section_meta("bench_converting_reads.py", sys.argv[1:], CHECKPOINT, args.load_reps, REPO)
@@ -209,11 +209,7 @@ def main() -> int:
     ])
     command = meta["command"]
     table = render(reads, loads, header, command)
-    print(table)
-    if args.results:
-        from benchmarks.report import write_section
-
-        write_section(args.results, TAG, table)
+    show_section(table, args.results, TAG)
     return 0
 
 

@@ -252,11 +252,9 @@ def main() -> int:
         "script's docstring)",
     ])
     table = render(_summaries(results), header, command)
-    print(table)
-    if args.results:
-        from benchmarks.report import write_section
+    from benchmarks.report import show_section
 
-        write_section(args.results, TAG, table)
+    show_section(table, args.results, TAG)
     return 0
 
 

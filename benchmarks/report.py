@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["PathSummary", "acceptance_checks", "carried_block", "carried_notes", "render_markdown", "replace_block",
-           "summarize"]
+           "section_meta", "show_section", "summarize", "write_section"]
 
 _NOTES = re.compile(r"<!-- notes -->\n(.*?)<!-- /notes -->", re.S)
 _DEFAULT_NOTE = ("_Closing note (by hand, kept across reruns): what limits the remaining gap between "
@@ -281,6 +281,14 @@ def section_meta(script: str, argv: list[str], checkpoint: Path, reps: int, repo
             "software": describe_software(repo_root), "environment": describe_environment(),
             "command": " ".join([f"python benchmarks/{script}", *argv]), "reps": str(reps),
             "checkpoint": str(checkpoint.relative_to(repo_root))}
+
+
+def show_section(section: str, results: Path | None, tag: str) -> None:
+    """Print ``section`` and, given ``results`` (a benchmark's ``--results``), put it between ``tag``'s markers
+    there: how a single-purpose benchmark ends."""
+    print(section)
+    if results is not None:
+        write_section(results, tag, section)
 
 
 def write_section(results: Path, tag: str, section: str) -> None:
