@@ -55,13 +55,16 @@ def u64_prefixed_end(buffer: Any, start: int, count: int, *, compiled: bool = Tr
         ``end`` is the byte after the last of them; ``done < count`` means record ``done`` runs past the end.
     :param compiled: ``False`` walks in Python (what runs without a C compiler; the tests compare the two).
     """
-    view = np.frombuffer(buffer, dtype=np.uint8)
-    size = int(view.shape[0])
+    # The walker first: finding it reads settings and may raise, and an error raised while this frame holds an
+    # export of the caller's map would make closing that map fail (BufferError) and hide the error.
+    walk = _compiled() if compiled and count > 0 else None
+    with memoryview(buffer) as whole:
+        size = whole.nbytes
     if not 0 <= start <= size:
         raise ValueError(f"start {start} is outside the buffer of {size} bytes")
-    walk = _compiled() if compiled and count > 0 else None
     if walk is not None:
         end = ctypes.c_int64(0)
+        view = np.frombuffer(buffer, dtype=np.uint8)
         done = walk(view.ctypes.data, size, start, count, ctypes.byref(end))
         return int(end.value), int(done)
     return _walk_in_python(buffer, size, start, count)

@@ -14,6 +14,7 @@ import struct
 import pytest
 
 from loader import _length_prefixed
+from loader.errors import SettingError
 from loader.io import u64_prefixed_end
 
 needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) here")
@@ -92,3 +93,27 @@ def test_without_a_compiler_the_python_loop_walks(monkeypatch, tmp_path):
         assert u64_prefixed_end(_records([3, 1]), 0, 2) == (8 + 3 + 8 + 1, 2)
     finally:
         _length_prefixed._compiled.cache_clear()
+
+
+def test_a_bad_cache_folder_setting_is_raised_with_the_mapped_file_still_closable(monkeypatch, tmp_path):
+    """Finding the compiled walker reads ``LOADER_CACHE_DIR``; its error must be what the caller sees. It was
+    raised while the walk held an export of the caller's map, so closing the map on the way out failed with
+    ``BufferError: cannot close exported pointers exist`` and hid it (a GGUF load with a relative cache folder)."""
+    path = tmp_path / "strings.bin"
+    path.write_bytes(_records([2, 3]))
+    monkeypatch.setenv("LOADER_CACHE_DIR", "relative/cache")
+    _length_prefixed._compiled.cache_clear()
+    try:
+        with (pytest.raises(SettingError, match=r"LOADER_CACHE_DIR='relative/cache': expected an absolute path"),
+              path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped):
+            u64_prefixed_end(mapped, 0, 2)
+    finally:
+        _length_prefixed._compiled.cache_clear()
+
+
+def test_a_start_outside_a_mapped_file_is_refused_and_the_map_closes(tmp_path):
+    path = tmp_path / "strings.bin"
+    path.write_bytes(b"\0" * 10)
+    with (pytest.raises(ValueError, match="start 20 is outside the buffer of 10 bytes"),
+          path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped):
+        u64_prefixed_end(mapped, 20, 1)

@@ -65,3 +65,19 @@ def test_unsupported_architecture(tmp_path):
     writer.close()
     with pytest.raises(UnknownArchitectureError, match=r"model\.gguf: GGUF architecture 'bert' is not supported"):
         loader.load_model(str(path))
+
+
+def test_a_bad_cache_folder_setting_is_named_not_hidden_by_the_header_map(tmp_path, model, monkeypatch):
+    """The header's string arrays are walked by a compiled helper found under ``LOADER_CACHE_DIR``: a relative
+    folder is the setting's error, not ``BufferError: cannot close exported pointers exist`` from the map."""
+    from loader import _length_prefixed
+    from loader.errors import SettingError
+
+    path = write_gguf(tmp_path / "model.gguf", model, "qwen2", qtype=Q.Q8_0)
+    monkeypatch.setenv("LOADER_CACHE_DIR", "cache")
+    _length_prefixed._compiled.cache_clear()
+    try:
+        with pytest.raises(SettingError, match=r"^LOADER_CACHE_DIR='cache': expected an absolute path"):
+            loader.load_model(str(path))
+    finally:
+        _length_prefixed._compiled.cache_clear()
