@@ -20,6 +20,9 @@ weights). The load alone is reported too.
   the GGUF file;
 - ``loader, packing every load``: ``format_options={"packed_cache": False}``: every Q4_K layer read from the
   GGUF and packed;
+- ``bundle alone, mapped`` / ``bundle alone, read into fresh memory``: not loads, the two ways of reading the
+  packed-weights bundle a residency rule would choose between: mapped, populated and every page read, against
+  ``pread`` in 8 MiB pieces into one fresh buffer;
 - ``llama.cpp mmap`` / ``llama.cpp read`` / ``llama.cpp direct I/O``: ``llama_cpp.Llama`` with its load mode
   ``LLAMA_LOAD_MODE_MMAP`` (the default), ``NONE`` (read into buffers) and ``DIRECT_IO``, from the pinned
   llama-cpp-python (``benchmarks/llamacpp_venv.py``).
@@ -61,6 +64,28 @@ began = time.perf_counter()
 model = loader.load_model(path, **options)
 loaded = time.perf_counter() - began
 touch_pages(model, buffers=True)
+print(json.dumps({"load_s": loaded, "seconds": time.perf_counter() - began}))
+"""
+
+_BUNDLE_CHILD = r"""
+import json, mmap, os, sys, time
+import torch
+path, mode = sys.argv[1], sys.argv[2]
+torch.zeros(1 << 16, dtype=torch.uint8)[::4096].sum()  # torch's code read before the clock
+began = time.perf_counter()
+if mode == "mapped":
+    with open(path, "rb") as fh:
+        mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+    mapped.madvise(22)  # MADV_POPULATE_READ, as the loader's bundle reader does
+    data = torch.frombuffer(mapped, dtype=torch.uint8)
+else:
+    data = torch.empty(os.path.getsize(path), dtype=torch.uint8)
+    view, descriptor, done = memoryview(data.numpy()), os.open(path, os.O_RDONLY), 0
+    while done < len(view):
+        done += os.preadv(descriptor, [view[done:done + (8 << 20)]], done)
+    os.close(descriptor)
+loaded = time.perf_counter() - began
+int(data[::4096].sum())
 print(json.dumps({"load_s": loaded, "seconds": time.perf_counter() - began}))
 """
 
@@ -121,17 +146,25 @@ def _paths(path: Path, warm: Path, llamacpp: Path) -> dict[str, Callable[[], dic
         "dd O_DIRECT, the GGUF and the bundle": lambda: _dd(path, _bundle()),
         "loader, default (bundle mapped)": loader_path(gguf),
         "loader, packing every load": loader_path({**gguf, "format_options": {"packed_cache": False}}),
+        "bundle alone, mapped": lambda: _child([sys.executable, "-c", _BUNDLE_CHILD, str(_bundle()), "mapped"], {}),
+        "bundle alone, read into fresh memory":
+            lambda: _child([sys.executable, "-c", _BUNDLE_CHILD, str(_bundle()), "read"], {}),
         "llama.cpp mmap (default)": llamacpp_path("mmap"),
         "llama.cpp read": llamacpp_path("read"),
         "llama.cpp direct I/O": llamacpp_path("direct"),
     }
 
 
+_NOT_LOADS = ("dd", "bundle alone")
+"""Rows that read files but load no model: no ratio to the best load."""
+
+
 def render(runs: dict[str, list[dict[str, Any]]], header: str, command: str) -> str:
     medians = {name: statistics.median(r["seconds"] for r in records) for name, records in runs.items()}
     floor = medians["dd O_DIRECT"]
     both = medians["dd O_DIRECT, the GGUF and the bundle"]
-    best_name, best = min(((k, v) for k, v in medians.items() if not k.startswith("dd")), key=lambda item: item[1])
+    best_name, best = min(((k, v) for k, v in medians.items() if not k.startswith(_NOT_LOADS)),
+                          key=lambda item: item[1])
     lines = [header, "", "| path (cold page cache) | weights in memory, median s | runs (s) | load alone, median s "
              "| / dd O_DIRECT | / best |", "|---|---:|---|---:|---:|---:|"]
     for name, records in runs.items():
@@ -139,7 +172,7 @@ def render(runs: dict[str, list[dict[str, Any]]], header: str, command: str) -> 
         each = ", ".join(f"{r['seconds']:.2f}" for r in records)
         lines.append(f"| {name} | {medians[name]:.3f} | {each} | "
                      f"{statistics.median(loads) if loads else float('nan'):.3f} | {medians[name] / floor:.2f} | "
-                     + ("-" if name.startswith("dd") else f"{medians[name] / best:.2f}") + " |")
+                     + ("-" if name.startswith(_NOT_LOADS) else f"{medians[name] / best:.2f}") + " |")
     default = medians["loader, default (bundle mapped)"]
     lines += ["", f"Loader default / dd O_DIRECT over the files it reads (the GGUF and the bundle): "
               f"{default / both:.2f}; over the GGUF alone: {default / floor:.2f}; loader default / best "
