@@ -95,6 +95,7 @@ def test_without_a_compiler_the_python_loop_walks(monkeypatch, tmp_path):
         _length_prefixed._compiled.cache_clear()
 
 
+@needs_compiler  # without one, nothing reads the cache folder's setting
 def test_a_bad_cache_folder_setting_is_raised_with_the_mapped_file_still_closable(monkeypatch, tmp_path):
     """Finding the compiled walker reads ``LOADER_CACHE_DIR``; its error must be what the caller sees. It was
     raised while the walk held an export of the caller's map, so closing the map on the way out failed with
