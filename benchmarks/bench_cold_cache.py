@@ -31,7 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -111,16 +111,16 @@ def run_cold(paths: Mapping[str, Callable[[], T]], reps: int,
 
 
 def _run_child(kind: str, env: dict[str, str]) -> float:
-    full = {**os.environ, **env}
-    full.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached as in an install
-    out = subprocess.run([sys.executable, __file__, "--child", kind], env=full, cwd=REPO, check=True,
-                         capture_output=True, text=True).stdout
-    return float(json.loads(out.strip().splitlines()[-1])["seconds"])
+    from benchmarks.runner import json_child
+
+    return float(json_child([sys.executable, __file__, "--child", kind], env)["seconds"])
 
 
-def _dd(direct: bool) -> float:
+def dd_seconds(paths: Iterable[Path], direct: bool = True) -> float:
+    """Seconds ``dd bs=8M`` takes to read ``paths`` one after another (with ``iflag=direct``: the disk's
+    sequential rate, no page cache)."""
     began = time.perf_counter()
-    for path in _shards():
+    for path in paths:
         subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=8M", *(["iflag=direct"] if direct else [])],
                        check=True, capture_output=True)
     return time.perf_counter() - began
@@ -128,8 +128,8 @@ def _dd(direct: bool) -> float:
 
 def _paths(with_runai: bool) -> dict[str, Callable[[], float]]:
     paths: dict[str, Callable[[], float]] = {
-        "dd O_DIRECT": lambda: _dd(True),
-        "dd buffered": lambda: _dd(False),
+        "dd O_DIRECT": lambda: dd_seconds(_shards()),
+        "dd buffered": lambda: dd_seconds(_shards(), direct=False),
         "loader, mapped (default)": lambda: _run_child("loader", {}),
         "loader, WILLNEED then mapped": lambda: _run_child("willneed", {}),
         "loader, copying (LOADER_MAP_WEIGHTS=0)": lambda: _run_child("loader", {"LOADER_MAP_WEIGHTS": "0"}),

@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -46,7 +45,8 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_cold_cache import DROP, run_cold
+from benchmarks.bench_cold_cache import DROP, dd_seconds, run_cold
+from benchmarks.runner import json_child
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "benchmarks" / "out"
@@ -106,22 +106,13 @@ print(json.dumps({"load_s": loaded, "seconds": time.perf_counter() - began}))
 """
 
 
-def _child(command: list[str], env: dict[str, str]) -> dict[str, Any]:
-    full = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "2", "LOADER_CACHE_DIR": str(CACHE), **env}
-    full.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached as in an install
-    done = subprocess.run(command, env=full, cwd=REPO, capture_output=True, text=True, check=False, timeout=900)
-    if done.returncode != 0:
-        raise RuntimeError(f"{command[-1]} failed (exit {done.returncode}): {done.stderr[-2000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+def _child(command: list[str]) -> dict[str, Any]:
+    return json_child(command, {"TQDM_DISABLE": "1", "OMP_NUM_THREADS": "2", "LOADER_CACHE_DIR": str(CACHE)},
+                      timeout=900)
 
 
 def _dd(*paths: Path) -> dict[str, Any]:
-    began = time.perf_counter()
-    for path in paths:
-        subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=8M", "iflag=direct"], check=True,
-                       capture_output=True)
-    return {"seconds": time.perf_counter() - began}
+    return {"seconds": dd_seconds(paths)}
 
 
 def _bundle() -> Path:
@@ -135,10 +126,10 @@ def _bundle() -> Path:
 
 def _paths(path: Path, warm: Path, llamacpp: Path) -> dict[str, Callable[[], dict[str, Any]]]:
     def loader_path(options: dict[str, Any]) -> Callable[[], dict[str, Any]]:
-        return lambda: _child([sys.executable, "-c", _LOADER_CHILD, str(path), str(warm), json.dumps(options)], {})
+        return lambda: _child([sys.executable, "-c", _LOADER_CHILD, str(path), str(warm), json.dumps(options)])
 
     def llamacpp_path(mode: str) -> Callable[[], dict[str, Any]]:
-        return lambda: _child([str(llamacpp), "-c", _LLAMA_CPP_CHILD, str(path), str(warm), mode], {})
+        return lambda: _child([str(llamacpp), "-c", _LLAMA_CPP_CHILD, str(path), str(warm), mode])
 
     gguf = {"quantization": "gguf", "dtype": "float32"}
     return {
@@ -146,9 +137,9 @@ def _paths(path: Path, warm: Path, llamacpp: Path) -> dict[str, Callable[[], dic
         "dd O_DIRECT, the GGUF and the bundle": lambda: _dd(path, _bundle()),
         "loader, default (bundle mapped)": loader_path(gguf),
         "loader, packing every load": loader_path({**gguf, "format_options": {"packed_cache": False}}),
-        "bundle alone, mapped": lambda: _child([sys.executable, "-c", _BUNDLE_CHILD, str(_bundle()), "mapped"], {}),
+        "bundle alone, mapped": lambda: _child([sys.executable, "-c", _BUNDLE_CHILD, str(_bundle()), "mapped"]),
         "bundle alone, read into fresh memory":
-            lambda: _child([sys.executable, "-c", _BUNDLE_CHILD, str(_bundle()), "read"], {}),
+            lambda: _child([sys.executable, "-c", _BUNDLE_CHILD, str(_bundle()), "read"]),
         "llama.cpp mmap (default)": llamacpp_path("mmap"),
         "llama.cpp read": llamacpp_path("read"),
         "llama.cpp direct I/O": llamacpp_path("direct"),

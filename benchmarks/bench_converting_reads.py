@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -136,12 +135,10 @@ def _load_child(kind: str) -> dict[str, Any]:
 def _loads(reps: int) -> list[dict[str, Any]]:
     """Part 2: fresh processes, each kind fused and bounced alternating, then the floor of its bytes."""
 
+    from benchmarks.runner import json_child
+
     def child(kind: str, fused: bool) -> dict[str, Any]:
-        env = {**os.environ, "LOADER_FUSED_READS": "1" if fused else "0"}
-        env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached as in an install, not compiled in every load
-        out = subprocess.run([sys.executable, __file__, "--child", kind], env=env, cwd=REPO, check=True,
-                             capture_output=True, text=True).stdout
-        return json.loads(out.strip().splitlines()[-1])
+        return json_child([sys.executable, __file__, "--child", kind], {"LOADER_FUSED_READS": "1" if fused else "0"})
 
     for path in sorted(CHECKPOINT.glob("*.safetensors")):
         path.read_bytes()  # warm

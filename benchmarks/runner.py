@@ -3,6 +3,8 @@
 Parent side of :mod:`benchmarks.measure`: one child per path (one per rank
 under tp), a timeout, and every failure (crash, timeout, missing result)
 turned into a record with ``ok: false`` and the error, never an exception.
+:func:`json_child` is the single-purpose benchmarks' plainer launcher: one fresh Python child whose last
+line of output is its JSON record, and an exception naming the child when it fails.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from .paths import MeasuredPath
 
-__all__ = ["REPO_ROOT", "child_env", "run_path"]
+__all__ = ["REPO_ROOT", "child_env", "json_child", "run_path"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,6 +42,23 @@ def child_env(pycache: Path | None = None) -> dict[str, str]:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env.setdefault("PYTHONPYCACHEPREFIX", str(pycache))
     return env
+
+
+def json_child(command: list[str], env: Mapping[str, str] | None = None, *,
+               timeout: float | None = None) -> dict[str, Any]:
+    """Run ``command`` (from the repository root, the parent's environment updated with ``env``, bytecode
+    cached as in an install) and return the JSON object its last line of output holds.
+
+    :raises RuntimeError: naming the child's last argument and ending its stderr, when it exits non-zero.
+    """
+    full = {**os.environ, **(env or {})}
+    full.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cached as in an install, not compiled in every child
+    done = subprocess.run(command, env=full, cwd=REPO_ROOT, capture_output=True, text=True, check=False,
+                          timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"{command[-1]} failed (exit {done.returncode}): {done.stderr[-2000:]}")
+    record: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return record
 
 
 def _command(path: MeasuredPath, source: Path, result_template: str, warm: Path | None) -> list[str]:
