@@ -65,8 +65,6 @@ class CountingMotoServer(ThreadedMotoServer):
         self.bytes_served: Counter[str] = Counter()
         self.gets: Counter[str] = Counter()
         self.requests: Counter[tuple[str, str]] = Counter()
-        self.ranges: list[tuple[str, str | None]] = []
-        """Every GET's key and ``Range`` header, in the order they arrived."""
         self.on_get: GetHook | None = None
         self.dead = False
         self._lock = threading.Lock()
@@ -81,7 +79,6 @@ class CountingMotoServer(ThreadedMotoServer):
             self.bytes_served.clear()
             self.gets.clear()
             self.requests.clear()
-            self.ranges.clear()
 
     def _server_entry(self) -> None:
         app = DomainDispatcherApplication(create_backend_app)
@@ -104,11 +101,9 @@ class CountingMotoServer(ThreadedMotoServer):
                 return []
             key = environ.get("PATH_INFO", "").lstrip("/")
             method = str(environ.get("REQUEST_METHOD"))
-            is_get = method == "GET"
             with self._lock:
                 self.requests[(method, key)] += 1
-                if is_get:
-                    self.ranges.append((key, environ.get("HTTP_RANGE")))
+            is_get = method == "GET"
             if is_get and self.on_get is not None:
                 self.on_get(key, environ.get("HTTP_RANGE"))
             body = app(environ, start_response)
